@@ -73,6 +73,8 @@ def load_manifest(root: str | Path) -> Manifest:
 def parse_manifest(raw: object, where: str = MANIFEST_PATH) -> Manifest:
     top = _mapping(raw, where, "<top level>", required=("suites",), optional=("mutations", "schema_version"))
     mutations = top.get("mutations", "off")
+    if mutations is False:  # YAML 1.1 reads a bare `off` as false
+        mutations = "off"
     if mutations not in MUTATION_MODES:
         _fail(where, "mutations", f"one of {MUTATION_MODES}", mutations)
     suites_raw = top["suites"]
@@ -115,8 +117,9 @@ def _suite(raw: object, where: str, key: str) -> Suite:
 
 
 def _selection_files(selection: tuple[str, ...]) -> tuple[str, ...]:
-    """The files a selection names: `path::node` -> `path`; options (`-k ...`) are not files."""
-    return tuple(dict.fromkeys(s.split("::")[0] for s in selection if not s.startswith("-")))
+    """The test files a selection names: `path.py::node` -> `path.py`; options and their values are not."""
+    paths = (s.split("::")[0] for s in selection)
+    return tuple(dict.fromkeys(p for p in paths if p.endswith(".py") and not p.startswith("-")))
 
 
 def suite_digest(root: str | Path, suite: Suite) -> str:

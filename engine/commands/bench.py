@@ -1,0 +1,132 @@
+"""`engine bench`: decode throughput of one arm in one process — warm-up, then N timed runs.
+
+Prints a table for people (stderr when --json) and ONE JSON line for machines (schema_version 1):
+decode_tok_s (median over iterations) and every iteration's, ms_per_step, prefill_ms, peak host
+RSS, peak device memory, bytes_per_decode_step (from the residency table) and achieved GB/s, and
+metadata captured automatically. Prompts are synthetic token ids drawn from `--seed`.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from engine.errors import CapacityError, CheckpointError
+
+SCHEMA_VERSION = 1
+
+
+def synthetic_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def collect_meta(backend: str) -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    meta = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+            "triton": triton_version, "gpu": None, "driver": None,
+            "head_sha": _run(["git", "rev-parse", "HEAD"], Path(__file__).resolve().parent)}
+    if backend == "cuda" and torch.cuda.is_available():
+        meta["gpu"] = torch.cuda.get_device_name()
+        driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        meta["driver"] = driver.splitlines()[0] if driver else None
+    return meta
+
+
+def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: int, gen_len: int, iters: int,
+              warmup: int, seed: int) -> dict:
+    import torch
+
+    from engine.backends import fp4_gemm_status
+    from engine.engine import Engine
+    from engine.memory import memory_snapshot
+
+    if gen_len < 2 or batch < 1 or prompt_len < 1 or iters < 1 or warmup < 0:
+        raise ValueError(f"need batch >= 1, prompt-len >= 1, gen-len >= 2 (decode steps), iters >= 1, "
+                         f"warmup >= 0; got {batch}, {prompt_len}, {gen_len}, {iters}, {warmup}")
+    eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
+                 max_model_len=prompt_len + gen_len)
+    prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
+    for _ in range(warmup):
+        eng.generate(prompts, gen_len)
+    runs = []
+    for _ in range(iters):
+        stats: dict = {}
+        eng.generate(prompts, gen_len, stats=stats)
+        runs.append(stats)
+    tok_s = [r["decode_tokens"] / r["decode_s"] for r in runs]
+    ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
+    step_bytes = eng.residency()["totals"]["bytes_per_decode_step"]
+    mem = memory_snapshot(eng.device)
+    has_gemm, why = fp4_gemm_status(backend)
+    return {
+        "schema_version": SCHEMA_VERSION, "decode_tok_s": statistics.median(tok_s), "decode_tok_s_iters": tok_s,
+        "ms_per_step": ms_step, "prefill_ms": statistics.median(1000 * r["prefill_s"] for r in runs),
+        "peak_rss_bytes": mem["peak_rss_bytes"], "peak_device_bytes": mem["peak_device_bytes"],
+        "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
+        "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
+                   "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
+                   "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
+                   "fp4_gemm_reason": why, "cuda_graphs": bool(eng.runner().graphs),
+                   "torch_threads": torch.get_num_threads()},
+        "meta": collect_meta(backend),
+    }
+
+
+def print_table(r: dict, out) -> None:
+    p = r["params"]
+    print(f"bench {p['backend']}/{p['lm_head']}  batch {p['batch']}  prompt {p['prompt_len']}  gen {p['gen_len']}",
+          file=out)
+    for i, v in enumerate(r["decode_tok_s_iters"]):
+        print(f"  iter {i}: {v:12.3f} tok/s", file=out)
+    print(f"  median {r['decode_tok_s']:.3f} tok/s  {r['ms_per_step']:.3f} ms/step  prefill {r['prefill_ms']:.3f} ms",
+          file=out)
+    print(f"  {r['bytes_per_decode_step'] / 2**20:.2f} MiB/step -> {r['achieved_gb_s']:.2f} GB/s  peak RSS "
+          f"{r['peak_rss_bytes'] / 2**30:.3f} GiB  peak device {r['peak_device_bytes'] / 2**30:.3f} GiB", file=out)
+
+
+def bench_cmd(
+    model: Path = typer.Option(..., "--model", help="Checkpoint directory."),
+    backend: str = typer.Option("cpu", help="cpu | cuda"),
+    lm_head: str = typer.Option("packed", "--lm-head", help="packed | dequant"),
+    batch: int = typer.Option(1, "--batch"),
+    prompt_len: int = typer.Option(16, "--prompt-len"),
+    gen_len: int = typer.Option(16, "--gen-len"),
+    iters: int = typer.Option(3, "--iters"),
+    warmup: int = typer.Option(1, "--warmup"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="Table to stderr, one JSON line to stdout."),
+) -> None:
+    try:
+        result = run_bench(model, backend, lm_head, batch, prompt_len, gen_len, iters, warmup, seed)
+    except (CheckpointError, CapacityError, ValueError, RuntimeError) as e:
+        typer.echo(f"bench: {e}", err=True)
+        raise typer.Exit(2)
+    print_table(result, sys.stderr if as_json else sys.stdout)
+    if as_json:
+        print(json.dumps(result), flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help="Decode throughput of one arm (warm-up, then timed runs).")(bench_cmd)

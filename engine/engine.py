@@ -1,0 +1,138 @@
+"""The `Engine` API: load an NVFP4 checkpoint for one backend and one lm_head arm, then generate
+greedily over the paged caches.
+
+    eng = Engine(model_dir, backend="cpu", lm_head="packed")
+    eng.generate([[1, 2, 3]], max_new_tokens=8)  # -> [[...8 token ids...]]
+    eng.last_topk[0][j]  # TopK(logits, ids) at generated position j, for margin checks
+
+The engine knows nothing about tokenization: prompts and outputs are token ids.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from engine import residency as _residency
+from engine.backends import compute_dtype, device_for
+from engine.kv_cache import KvCache, StateCache
+from engine.memory import memory_snapshot
+from engine.model.build import build_model, prepare_model
+from engine.model_runner import ModelRunner
+from engine.paged.block_manager import BlockManager, blocks_for
+from engine.paged.scheduler import Scheduler
+from engine.paged.sequence import Sequence
+
+
+class TopK(NamedTuple):
+    logits: list[float]
+    ids: list[int]
+
+
+class Engine:
+    def __init__(self, model_dir: str | Path, backend: str = "cpu", lm_head: str = "packed", *,
+                 max_num_seqs: int = 16, block_size: int = 16, max_model_len: int | None = None,
+                 num_blocks: int | None = None, max_num_batched_tokens: int | None = None, top_k: int = 5,
+                 cuda_graphs: bool | None = None, block_order: list[int] | None = None):
+        from engine.loader import load_checkpoint  # the checkpoint loader owns every input check
+
+        self.backend, self.lm_head_arm, self.top_k = backend, lm_head, top_k
+        self.device = device_for(backend)
+        ckpt = load_checkpoint(Path(model_dir))
+        self.naming, self.head_kind = ckpt.naming, ckpt.head_kind
+        self.model = build_model(ckpt, backend, lm_head)
+        self.config = ckpt.config
+        del ckpt  # the model holds what it needs; the rest may go
+        self.memory = {"after_load": memory_snapshot(self.device)}
+        prepare_model(self.model)
+        self.memory["after_prepare"] = memory_snapshot(self.device)
+        cfg = self.model.config
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len or min(cfg.max_position_embeddings, 4096)
+        self.block_size = block_size
+        self.num_blocks = num_blocks or max_num_seqs * blocks_for(self.max_model_len, block_size)
+        self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
+        self._block_order = block_order
+        self._cuda_graphs = backend == "cuda" if cuda_graphs is None else cuda_graphs
+        self._runner: ModelRunner | None = None
+        self.last_topk: list[list[TopK]] = []
+
+    def census(self) -> dict:
+        return _residency.census(self.model)
+
+    def residency(self) -> dict:
+        return _residency.residency(self.model)
+
+    def runner(self) -> ModelRunner:
+        """The caches and (on CUDA) the decode graphs, allocated on first use."""
+        if self._runner is None:
+            cfg, dtype = self.model.config, compute_dtype(self.backend)
+            bm = BlockManager(self.num_blocks, self.block_size, self.max_num_seqs, self._block_order)
+            kv = KvCache(cfg, self.num_blocks, self.block_size, dtype, self.device)
+            state = StateCache(cfg, self.max_num_seqs, dtype, self.device)
+            self._runner = ModelRunner(self.model, bm, kv, state, self.device, self.max_num_seqs,
+                                       self.max_model_len, self._cuda_graphs)
+        return self._runner
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        vocab = self.model.config.vocab_size
+        for i, p in enumerate(prompts):
+            bad = [t for t in p if not isinstance(t, int) or not 0 <= t < vocab]
+            if not p or bad:
+                raise ValueError(f"prompt {i}: expected a non-empty list of token ids in [0, {vocab}), "
+                                 f"found {'an empty prompt' if not p else bad[:5]}")
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stats: dict | None = None) -> list[list[int]]:
+        """Greedy continuations, one list of `max_new_tokens` ids per prompt, in prompt order.
+        `stats`, when given, receives prefill/decode seconds and step counts (device-synchronized)."""
+        self._check_prompts(prompts)
+        runner = self.runner()
+        scheduler = Scheduler(runner.bm, self.max_num_seqs, self.max_num_batched_tokens)
+        seqs = [Sequence(i, p, max_new_tokens) for i, p in enumerate(prompts)]
+        for s in seqs:
+            scheduler.add(s)
+        topk: dict[int, list[TopK]] = {s.seq_id: [] for s in seqs}
+        timing = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0}
+        while not scheduler.is_finished():
+            batch, is_prefill = scheduler.schedule()
+            t0 = self._now()
+            logits = runner.prefill(batch) if is_prefill else runner.decode(batch)
+            tokens = self._greedy(batch, logits, topk)
+            phase = "prefill" if is_prefill else "decode"
+            timing[f"{phase}_s"] += self._now() - t0
+            timing[f"{phase}_steps"] += 1
+            timing["decode_tokens"] += 0 if is_prefill else len(batch)
+            scheduler.postprocess(batch, tokens)
+        self.last_topk = [topk[s.seq_id] for s in seqs]
+        if stats is not None:
+            stats.update(timing)
+        return [s.completion for s in seqs]
+
+    def _greedy(self, batch: list[Sequence], logits: torch.Tensor, topk: dict) -> list[int]:
+        vals, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # sorted; ties to the lower id
+        tokens = logits.argmax(dim=-1).tolist()
+        for s, v, i in zip(batch, vals.tolist(), ids.tolist()):
+            topk[s.seq_id].append(TopK(v, i))
+        return tokens
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def score(self, prompt: list[int]) -> torch.Tensor:
+        """Logits [T, V] at every prompt position through the paged prefill path (cache then freed)."""
+        self._check_prompts([prompt])
+        runner = self.runner()
+        seq = Sequence(-1, prompt, 1)
+        if not runner.bm.can_allocate(seq):
+            raise RuntimeError(f"score: a {len(prompt)}-token prompt does not fit the free cache")
+        runner.bm.allocate(seq)
+        try:
+            return runner.prefill([seq], all_logits=True)
+        finally:
+            runner.bm.deallocate(seq)

@@ -1,0 +1,85 @@
+"""Gated full attention (q_proj emits query AND output gate; q_norm/k_norm; partial RoPE; GQA;
+sigmoid output gate; o_proj) over a paged KV cache, in pure torch.
+
+The paged path writes this step's K/V at `slot_mapping` and reads each sequence's K/V back through
+its block table; decode gathers every sequence's whole block table at a fixed shape and masks past
+`context_lens`, so the step is CUDA-graph capturable. `attend` is the plain causal reference twin.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.model.context import Context
+from engine.model.norm import RMSNorm
+from engine.model.rope import apply_rope
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
+    """Causal attention of L queries (positions q_offset..) over S keys (positions 0..).
+    q [L, H, D]; k, v [S, Hkv, D] -> [L, H, D]. Softmax in FP32, as the reference's eager path."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("lhd,shd->hls", q, k) * scale
+    qpos = torch.arange(q.shape[0], device=q.device)[:, None] + q_offset
+    future = torch.arange(k.shape[0], device=q.device)[None, :] > qpos
+    scores = scores.masked_fill(future, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("hls,shd->lhd", probs, v)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """q [B, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, M] -> [B, H, D]."""
+    b, m = block_tables.shape
+    bs = k_cache.shape[1]
+    k = k_cache[block_tables].reshape(b, m * bs, *k_cache.shape[2:])  # [B, S, Hkv, D]
+    v = v_cache[block_tables].reshape(b, m * bs, *v_cache.shape[2:])
+    rep = q.shape[1] // k.shape[2]
+    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    scores = torch.einsum("bhd,bshd->bhs", q, k) * scale
+    beyond = torch.arange(m * bs, device=q.device)[None, :] >= context_lens[:, None]
+    scores = scores.masked_fill(beyond[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("bhs,bshd->bhd", probs, v)
+
+
+class GatedAttention:
+    def __init__(self, q_proj, k_proj, v_proj, o_proj, q_norm: RMSNorm, k_norm: RMSNorm, num_heads: int,
+                 num_kv_heads: int, head_dim: int, cache_index: int):
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.cache_index = cache_index  # which full-attention layer of the KV cache is ours
+        self.scale = head_dim**-0.5
+
+    def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
+        q, gate = self.q_proj(x).view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
+        gate = gate.reshape(t, -1)
+        q = apply_rope(self.q_norm(q), ctx.cos, ctx.sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, hd)), ctx.cos, ctx.sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, hd)
+        out = self._attend(q, k, v, ctx)  # [T, H, D]
+        return self.o_proj(out.reshape(t, -1) * torch.sigmoid(gate))
+
+    def _attend(self, q, k, v, ctx: Context) -> torch.Tensor:
+        if ctx.kind == "contiguous":
+            return attend(q, k, v, 0, self.scale)
+        k_cache, v_cache = ctx.kv_cache.layer(self.cache_index)
+        flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+        flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
+        flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
+        if ctx.kind == "decode":
+            return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale)
+        return self._paged_prefill(q, k_cache, v_cache, ctx)
+
+    def _paged_prefill(self, q, k_cache, v_cache, ctx: Context) -> torch.Tensor:
+        out = torch.empty_like(q)
+        bs = k_cache.shape[1]
+        for i, (s, e) in enumerate(ctx.query_ranges()):
+            n_ctx = ctx.context_lens_host[i]
+            pos = torch.arange(n_ctx, device=q.device)
+            slots = ctx.block_tables[i, pos // bs] * bs + pos % bs  # this sequence's K/V, in order
+            k = k_cache.view(-1, *k_cache.shape[2:])[slots]
+            v = v_cache.view(-1, *v_cache.shape[2:])[slots]
+            out[s:e] = attend(q[s:e], k, v, n_ctx - (e - s), self.scale)
+        return out

@@ -1,0 +1,45 @@
+"""The qwen3_5_text dense decoder: embedding, layers (Gated DeltaNet or gated attention, then the
+SwiGLU MLP, each behind a (1 + w) RMSNorm with a residual), final norm, lm_head."""
+from __future__ import annotations
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.context import Context
+from engine.model.mlp import Mlp
+from engine.model.norm import RMSNorm
+from engine.model.rope import Rope
+
+
+class DecoderLayer:
+    def __init__(self, layer_type: str, mixer, mlp: Mlp, input_layernorm: RMSNorm,
+                 post_attention_layernorm: RMSNorm):
+        self.layer_type, self.mixer, self.mlp = layer_type, mixer, mlp
+        self.input_layernorm, self.post_attention_layernorm = input_layernorm, post_attention_layernorm
+
+    def __call__(self, h: torch.Tensor, ctx: Context) -> torch.Tensor:
+        h = h + self.mixer(self.input_layernorm(h), ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3_5Model:
+    def __init__(self, config: ModelConfig, embed_tokens: torch.Tensor, layers: list[DecoderLayer],
+                 norm: RMSNorm, lm_head, rope: Rope, dtype: torch.dtype):
+        self.config, self.embed_tokens, self.layers = config, embed_tokens, layers
+        self.norm, self.lm_head, self.rope, self.dtype = norm, lm_head, rope, dtype
+
+    def hidden(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """input_ids [T] (all sequences' tokens, flattened) -> final-normed hidden states [T, hidden]."""
+        h = self.embed_tokens[input_ids].to(self.dtype)
+        ctx.cos, ctx.sin = self.rope.cos_sin(ctx.positions, self.dtype)
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def forward_contiguous(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The reference twin of the paged engine: one sequence, no cache -> logits [T, vocab]."""
+        ctx = Context.contiguous(input_ids.shape[0], input_ids.device)
+        return self.logits(self.hidden(input_ids, ctx))

@@ -1,0 +1,177 @@
+"""The quantization config of a checkpoint: which modules are NVFP4, which stay BF16, under which naming.
+
+Reads ModelOpt's legacy `hf_quant_config.json` or an inline `config.json` `quantization_config`
+(ModelOpt `quant_method: modelopt`, or compressed-tensors `format: nvfp4-pack-quantized`), and writes
+them for the synthesizer. It decides per module NAME only; the loader checks that the tensors agree.
+Exclude/ignore entries are fnmatch patterns (compressed-tensors' `re:` entries are regexes), matched
+against the module's full checkpoint name and against its name without the tower prefix.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import CheckpointError
+
+LEGACY_FILE = "hf_quant_config.json"
+CT_FORMAT = "nvfp4-pack-quantized"
+NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")  # per-module algos we load as NVFP4 (the activation part is ours)
+MODELOPT_ALGOS = (*NVFP4_ALGOS, "MIXED_PRECISION")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    naming: str | None  # "modelopt" | "compressed-tensors" | None (unquantized checkpoint)
+    source: str  # where it was read from, for messages
+    algo: str = ""  # ModelOpt quant_algo or compressed-tensors format
+    exclude: tuple[str, ...] = ()
+    # MIXED_PRECISION: module -> per-layer quant_algo; compressed-tensors: group targets.
+    per_module: dict[str, str] = field(default_factory=dict)
+    targets: tuple[str, ...] = ("Linear",)
+
+    def _matches(self, pattern: str, names: tuple[str, ...]) -> bool:
+        if pattern.startswith("re:"):
+            return any(re.fullmatch(pattern[3:], n) for n in names)
+        return any(fnmatch.fnmatchcase(n, pattern) for n in names)
+
+    def excluded_by(self, full: str, short: str) -> str | None:
+        return next((p for p in self.exclude if self._matches(p, (full, short))), None)
+
+    def scheme(self, full: str, short: str) -> str:
+        """"nvfp4" or "bf16" for one Linear module (full = checkpoint name, short = without prefix)."""
+        if self.naming is None or self.excluded_by(full, short):
+            return "bf16"
+        if self.algo == "MIXED_PRECISION":
+            algo = self.per_module.get(full, self.per_module.get(short))
+            if algo is None:
+                return "bf16"
+            if algo not in NVFP4_ALGOS:
+                raise CheckpointError(f"{self.source}: quantized_layers[{full!r}] has unknown quant_algo "
+                                      f"{algo!r} (expected one of {NVFP4_ALGOS})")
+            return "nvfp4"
+        if self.naming == "compressed-tensors":
+            hit = any(t == "Linear" or self._matches(t, (full, short)) for t in self.targets)
+            return "nvfp4" if hit else "bf16"
+        return "nvfp4"
+
+    def describe(self, full: str, short: str) -> str:
+        """Why `scheme` said what it said, for error messages."""
+        pattern = self.excluded_by(full, short) if self.naming else None
+        if pattern:
+            return f"excluded by {pattern!r} in {self.source}"
+        return f"{self.scheme(full, short).upper()} per {self.source}"
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _modelopt(q: dict, source: str) -> QuantConfig:
+    algo = q.get("quant_algo")
+    if algo not in MODELOPT_ALGOS:
+        raise CheckpointError(f"{source}: unknown quant_algo {algo!r} (expected one of {MODELOPT_ALGOS})")
+    gs = q.get("group_size", 16)
+    if algo != "MIXED_PRECISION" and gs != 16:
+        raise CheckpointError(f"{source}: group_size {gs} (expected 16 for NVFP4)")
+    exclude = tuple(q.get("exclude_modules") or q.get("ignore") or ())
+    layers = q.get("quantized_layers") or {}
+    if algo == "MIXED_PRECISION" and not layers:
+        raise CheckpointError(f"{source}: quant_algo MIXED_PRECISION without quantized_layers")
+    per_module = {name: (entry or {}).get("quant_algo") for name, entry in layers.items()}
+    return QuantConfig("modelopt", source, algo, exclude, per_module)
+
+
+def _weights_are_nvfp4(group: dict) -> bool:
+    w = group.get("weights") or {}
+    return (w.get("num_bits"), w.get("type"), w.get("group_size")) == (4, "float", 16)
+
+
+def _compressed_tensors(q: dict, source: str) -> QuantConfig:
+    groups = q.get("config_groups") or {}
+    if not groups:
+        raise CheckpointError(f"{source}: compressed-tensors config without config_groups")
+    targets: list[str] = []
+    for name, group in groups.items():
+        fmt = group.get("format") or q.get("format")
+        if fmt != CT_FORMAT or not _weights_are_nvfp4(group):
+            raise CheckpointError(f"{source}: config_groups[{name!r}] has unknown format {fmt!r} / "
+                                  f"weights {group.get('weights')} (expected {CT_FORMAT!r}, 4-bit float, "
+                                  "group_size 16)")
+        targets += list(group.get("targets") or ())
+    return QuantConfig("compressed-tensors", source, CT_FORMAT, tuple(q.get("ignore") or ()),
+                       targets=tuple(targets))
+
+
+def read_quant_config(model_dir: Path, config: dict) -> QuantConfig:
+    """The checkpoint's quant config; inline `quantization_config` wins over the legacy file."""
+    inline = config.get("quantization_config")
+    legacy = Path(model_dir) / LEGACY_FILE
+    if inline:
+        source = f"{Path(model_dir) / 'config.json'}: quantization_config"
+        method = inline.get("quant_method")
+        if method == "modelopt":
+            return _modelopt(inline, source)
+        if method == "compressed-tensors":
+            return _compressed_tensors(inline, source)
+        raise CheckpointError(f"{source}: unknown quant_method {method!r} "
+                              "(expected 'modelopt' or 'compressed-tensors')")
+    if legacy.exists():
+        data = _load_json(legacy)
+        if "quantization" not in data:
+            raise CheckpointError(f"{legacy}: missing field 'quantization'")
+        return _modelopt(data["quantization"], str(legacy))
+    return QuantConfig(None, "no quantization config")
+
+
+# ---- writers (the synthesizer's side) -------------------------------------------------------
+
+_PRODUCER = {"name": "modelopt", "version": "regate-synth"}
+
+
+def modelopt_dict(exclude: list[str], quantized_layers: dict[str, str] | None = None) -> dict:
+    """ModelOpt's `quantization` body: NVFP4 with excludes, or MIXED_PRECISION per layer."""
+    body = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+            "exclude_modules": list(exclude)}
+    if quantized_layers is not None:
+        body = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": list(exclude),
+                "quantized_layers": {m: {"quant_algo": a, "group_size": 16} for m, a in quantized_layers.items()}}
+    return body
+
+
+def modelopt_legacy_file(body: dict) -> dict:
+    return {"producer": _PRODUCER, "quantization": body}
+
+
+def modelopt_inline(body: dict) -> dict:
+    inline = {"quant_method": "modelopt", "producer": _PRODUCER, **body}
+    if "exclude_modules" in inline:
+        inline["ignore"] = inline.pop("exclude_modules")
+    return inline
+
+
+def _ct_group(targets: list[str], activations: bool) -> dict:
+    scheme = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+              "symmetric": True, "dynamic": False, "observer": "minmax"}
+    act = {**scheme, "dynamic": "local", "observer": None} if activations else None
+    return {"targets": targets, "weights": scheme, "input_activations": act, "output_activations": None,
+            "format": CT_FORMAT}
+
+
+def compressed_tensors_inline(ignore: list[str], head_group: bool) -> dict:
+    """The tower as NVFP4 (W4A4 preset: it carries input scales); the head, when quantized, as its own
+    weight-only group (an output head never takes the FP4-activation path)."""
+    groups = {"group_0": _ct_group(["Linear"], activations=True)}
+    if head_group:
+        groups = {"group_0": _ct_group(["re:.*layers\\.\\d+\\..*"], activations=True),
+                  "group_1": _ct_group(["lm_head"], activations=False)}
+    return {"quant_method": "compressed-tensors", "format": CT_FORMAT, "quantization_status": "compressed",
+            "config_groups": groups, "ignore": list(ignore), "kv_cache_scheme": None}

@@ -1,0 +1,1 @@
+"""The gate suites (run by the orchestrator with `pytest -p gates.census`)."""

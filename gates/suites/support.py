@@ -1,0 +1,161 @@
+"""What the gate suites share: the fixed corpus, checkpoints by generation parameters, the oracle,
+the margin rule, and a field walk over everything an engine owns.
+
+The suites judge the engine, so nothing here trusts the engine's own bookkeeping: the walk over
+`Nvfp4Weight`s is this module's (not `engine.residency`'s), and the oracle is transformers'
+`Qwen3_5ForCausalLM` in FP32, loaded with the checkpoint's weights dequantized by the format module.
+The suites reach the engine only through `Engine`, `load_checkpoint` and `cached_checkpoint`.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import types
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from engine.ckpt_cache import cached_checkpoint
+from engine.engine import Engine
+from engine.loader import load_checkpoint
+from engine.nvfp4 import Nvfp4Weight
+
+NAMINGS = ("modelopt", "compressed-tensors")
+PREFIXES = ("model.", "model.language_model.")
+ARMS = ("packed", "dequant")
+# Prompt lengths straddle the 16-token KV block: 1, 5, 16 (one full block), 17 (spills), 33.
+PROMPTS = ([7], [5, 6, 7, 8, 9], list(range(40, 56)), list(range(20, 37)), list(range(100, 133)))
+MAX_NEW = 20  # every continuation crosses at least one block boundary during decode
+
+# Ours and the oracle differ only in op order (FP32 both; measured max |delta logit| ~6e-6 on the tiny
+# checkpoint). LOGIT_TOL bounds that with ~150x room. If every logit is within LOGIT_TOL, the top-1
+# can only flip where the oracle's top1 - top2 margin is <= 2 * LOGIT_TOL: such a position is
+# undetermined (listed with its margin, never failed), and ends that sequence's token comparison.
+LOGIT_TOL = 1e-3
+MARGIN_TOL = 2 * LOGIT_TOL
+
+
+def checkpoint(naming: str = "modelopt", prefix: str = "model.", head: str = "nvfp4", layers: int | None = None):
+    """The tiny synthetic checkpoint for these parameters (cached by them; seed 0)."""
+    return cached_checkpoint(preset="tiny", naming=naming, head=head, prefix=prefix, layers=layers, seed=0)
+
+
+@functools.lru_cache(maxsize=None)
+def continuations(naming: str, prefix: str, arm: str) -> tuple[list[list[int]], list[list[tuple]]]:
+    """Greedy continuations of PROMPTS and, per generated position, the engine's top-k (logits, ids)."""
+    eng = Engine(checkpoint(naming, prefix), backend="cpu", lm_head=arm)
+    out = eng.generate([list(p) for p in PROMPTS], MAX_NEW)
+    topk = [[(tuple(t.logits), tuple(t.ids)) for t in seq] for seq in eng.last_topk]
+    return out, topk
+
+
+# --- the oracle ---------------------------------------------------------------------------------
+
+def oracle_state_dict(ckpt) -> dict[str, torch.Tensor]:
+    """HF names -> FP32 weights: tower NVFP4 dequantized in FP32, an NVFP4 head through BF16 (the one
+    operand both engine arms multiply by), BF16 tensors widened."""
+    state = {f"model.{k}": v.float() for k, v in ckpt.tensors.items()}
+    for name, w in ckpt.linears.items():
+        if isinstance(w, Nvfp4Weight):
+            w = w.dequantize(torch.bfloat16 if name == "lm_head" else torch.float32)
+        state["lm_head.weight" if name == "lm_head" else f"model.{name}.weight"] = w.float()
+    if ckpt.head_kind == "tied":
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
+
+
+def build_oracle(naming: str, prefix: str):
+    """A fresh oracle (the caller owns it; `oracle` is the cached one)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    ckpt = load_checkpoint(checkpoint(naming, prefix))
+    skip = ("architectures", "torch_dtype", "dtype", "quantization_config")
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in ckpt.config.items() if k not in skip})
+    model = Qwen3_5ForCausalLM(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(oracle_state_dict(ckpt), strict=False)
+    if unexpected or missing:
+        raise RuntimeError(f"oracle for {naming}/{prefix}: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+oracle = functools.lru_cache(maxsize=None)(build_oracle)
+
+
+@torch.inference_mode()
+def oracle_logits(model, ids: list[int]) -> torch.Tensor:
+    """[T, V] FP32 logits, each position given the tokens before it (teacher-forced)."""
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+@dataclass
+class GreedyVerdict:
+    compared: int  # positions compared (up to the first undetermined one)
+    failed: list[tuple[int, int, int, float]] = field(default_factory=list)  # (pos, ours, oracle, margin)
+    undetermined: tuple[int, int, int, float] | None = None
+
+
+def judge_greedy(ours: list[int], logits: torch.Tensor, tol: float = MARGIN_TOL) -> GreedyVerdict:
+    """Our greedy tokens against the oracle's logits at the same positions (given OUR prefix).
+    A differing token fails where the oracle's top1 - top2 margin exceeds `tol`; a closer one is
+    undetermined and ends the comparison (past it both may legitimately diverge)."""
+    top = logits.topk(2, dim=-1)
+    v = GreedyVerdict(0)
+    for j, tok in enumerate(ours):
+        best, margin = int(top.indices[j, 0]), float(top.values[j, 0] - top.values[j, 1])
+        if tok != best:
+            if margin <= tol:
+                v.undetermined = (j, tok, best, margin)
+                return v
+            v.failed.append((j, tok, best, margin))
+        v.compared += 1
+    return v
+
+
+# --- the field walk -----------------------------------------------------------------------------
+
+_LEAVES = (torch.Tensor, str, bytes, int, float, bool, complex, type(None), type, torch.dtype, torch.device,
+           types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
+
+
+def walk(obj, path: str = "", seen: set | None = None) -> Iterator[tuple[str, object]]:
+    """(path, object) for everything reachable from `obj` through instance fields, dicts, lists and
+    tuples, whatever class it is (so a weight stashed in a new place is still found). Modules,
+    functions and tensors are leaves."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, _LEAVES):
+        return
+    seen.add(id(obj))
+    yield path, obj
+    if isinstance(obj, dict):
+        items = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = [(f"{path}.{k}", v) for k, v in vars(obj).items()]
+    else:
+        items = []
+    for p, v in items:
+        yield from walk(v, p, seen)
+
+
+def nvfp4_weights(obj) -> list[Nvfp4Weight]:
+    return [o for _, o in walk(obj) if isinstance(o, Nvfp4Weight)]
+
+
+def layer_type_of(w: Nvfp4Weight, layer_types: list[str]) -> str:
+    """"lm_head", or the layer type of `layers.<i>....`."""
+    if w.name == "lm_head":
+        return "lm_head"
+    parts = w.name.split(".")
+    if parts[0] != "layers" or not parts[1].isdigit():
+        raise ValueError(f"Nvfp4Weight {w.name!r}: not a layers.<i> or lm_head name")
+    return layer_types[int(parts[1])]
+
+
+def live_float_tensors(shapes: set[tuple[int, int]]) -> list[torch.Tensor]:
+    """Every floating-point tensor alive in this process whose shape is one of `shapes` (a
+    dequantized copy of a weight kept anywhere, not only in a field the walk can see)."""
+    gc.collect()
+    return [o for o in gc.get_objects()
+            if issubclass(type(o), torch.Tensor) and o.is_floating_point() and tuple(o.shape) in shapes]

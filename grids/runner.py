@@ -1,0 +1,223 @@
+"""The leg runner: run a grid's two arms over repeated legs, each arm in a fresh `engine bench`.
+
+A leg runs each arm once; the order alternates A B, B A, A B, ... so slow drift of the box (heat,
+clocks, a neighbour) lands on both arms alike. Each arm of each leg is a new process, so no arm
+inherits the other's allocator, caches or compiled kernels. Every bench JSON is kept raw next to
+the tokens/s the verdict uses. After each leg the cell's verdict is recomputed; with
+`until_binding` legs are added to the cells that are not yet binding, up to `max_legs`.
+
+Subprocesses are the edge here: `BenchLauncher` says how to start one (command, cwd, env) so the
+orchestrator can point it at a fresh tree and tests at a fake bench script.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grids.spec import Arm, Cell, GridSpec
+from grids.verdict import judge
+
+SCHEMA_VERSION = 1
+BENCH_SCHEMA_VERSION = 1
+STDERR_TAIL = 2000
+
+
+class GridError(RuntimeError):
+    """A bench process that failed or said something unusable; names the cell, arm and leg."""
+
+
+@dataclass(frozen=True)
+class BenchLauncher:
+    """How to start one `engine bench` process: the argv prefix, working directory and extra env."""
+    command: tuple[str, ...] = (sys.executable, "-m", "engine.cli", "bench")
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One event for a live display: an arm finished (`arm` set) or a leg of a cell finished."""
+    cell_index: int
+    cell: str
+    leg: int  # 1-based
+    arm: str | None
+    tok_s: float | None
+    verdict: dict | None
+
+
+def arm_order(arms: tuple[Arm, Arm], leg: int) -> tuple[Arm, Arm]:
+    """A B on even legs (0-based), B A on odd ones."""
+    return arms if leg % 2 == 0 else (arms[1], arms[0])
+
+
+def bench_args(spec: GridSpec, cell: Cell, arm: Arm, model_dir: str) -> list[str]:
+    return ["--model", model_dir, "--backend", arm.backend, "--lm-head", arm.lm_head,
+            "--batch", str(cell.batch), "--prompt-len", str(cell.prompt_len),
+            "--gen-len", str(cell.gen_len), "--iters", str(spec.iters),
+            "--warmup", str(spec.warmup), *arm.extra_args, "--json"]
+
+
+def run_bench(launcher: BenchLauncher, args: list[str], timeout_s: float, where: str) -> dict:
+    """Run one bench process and return its JSON record; any failure raises GridError(where ...)."""
+    cmd = [*launcher.command, *args]
+    env = {**os.environ, **launcher.env}
+    try:
+        proc = subprocess.run(cmd, cwd=launcher.cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise GridError(f"{where}: bench ran past {timeout_s:g} s: {' '.join(cmd)}\n"
+                        f"stderr tail:\n{_tail(e.stderr)}") from e
+    except OSError as e:
+        raise GridError(f"{where}: cannot start bench {cmd[0]!r}: {e.strerror}") from e
+    if proc.returncode != 0:
+        raise GridError(f"{where}: bench exited {proc.returncode}: {' '.join(cmd)}\n"
+                        f"stderr tail:\n{_tail(proc.stderr)}")
+    return parse_bench(proc.stdout, where, proc.stderr)
+
+
+def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
+    """The last JSON object line of a bench's stdout, checked against the bench contract."""
+    record = None
+    for line in reversed(stdout.splitlines()):
+        if line.strip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            break
+    if not isinstance(record, dict):
+        raise GridError(f"{where}: bench printed no JSON line; stdout tail:\n{_tail(stdout)}\n"
+                        f"stderr tail:\n{_tail(stderr)}")
+    if record.get("schema_version") != BENCH_SCHEMA_VERSION:
+        raise GridError(f"{where}: bench JSON schema_version: expected {BENCH_SCHEMA_VERSION}, "
+                        f"found {record.get('schema_version')!r}")
+    rate = record.get("decode_tok_s")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        raise GridError(f"{where}: bench JSON decode_tok_s: expected a positive number, found {rate!r}")
+    return record
+
+
+def _tail(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "")[-STDERR_TAIL:] or "(empty)"
+
+
+def _default_checkpoint(**params) -> Path:
+    from engine.ckpt_cache import cached_checkpoint  # the engine stays out of verdict-only imports
+    return cached_checkpoint(**params)
+
+
+def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | None = None,
+             launcher: BenchLauncher | None = None,
+             checkpoint: Callable[..., Path] = _default_checkpoint,
+             progress: Callable[[Progress], None] | None = None,
+             out: str | Path | None = None) -> dict:
+    """Run the grid and return its result (see docs/GRIDS.md); `out` is rewritten atomically
+    after every leg, so an interrupted grid keeps the legs it finished (`complete: false`)."""
+    launcher = launcher or BenchLauncher()
+    cap = max_legs if max_legs is not None else spec.max_legs
+    if cap < 1:
+        raise GridError(f"max_legs: expected an integer >= 1, found {cap!r}")
+    result = _empty_result(spec, launcher, until_binding, cap)
+    for i, cell in enumerate(spec.cells):
+        result["cells"].append(_empty_cell(spec, cell, _model_dir(spec, i, checkpoint)))
+    leg = 0
+    while active := _cells_needing_a_leg(spec, result["cells"], leg, until_binding, cap):
+        for i in active:
+            _run_leg(spec, launcher, i, result["cells"][i], leg, progress)
+        leg += 1
+        if out is not None:
+            write_json_atomic(out, result)
+    result["complete"], result["finished_at"] = True, _now()
+    if out is not None:
+        write_json_atomic(out, result)
+    return result
+
+
+def _model_dir(spec: GridSpec, index: int, checkpoint: Callable[..., Path]) -> str:
+    params = spec.cells[index].checkpoint.params()
+    try:
+        return str(checkpoint(**params))
+    except Exception as e:  # the checkpoint maker is an edge: name the cell, keep the cause
+        raise GridError(f"grid {spec.name}: cell {index} ({spec.cells[index].label}): cannot make "
+                        f"checkpoint {params}: {type(e).__name__}: {e}") from e
+
+
+def _cells_needing_a_leg(spec: GridSpec, cells: list[dict], leg: int, until_binding: bool,
+                         cap: int) -> list[int]:
+    if leg >= cap:
+        return []
+    if leg < spec.legs:
+        return list(range(len(cells)))
+    if not until_binding:
+        return []
+    return [i for i, c in enumerate(cells) if c["verdict"]["magnitude"]["state"] != "binding"]
+
+
+def _run_leg(spec: GridSpec, launcher: BenchLauncher, index: int, record: dict, leg: int,
+             progress: Callable[[Progress], None] | None) -> None:
+    cell = spec.cells[index]
+    order = arm_order(spec.arms, leg)
+    for arm in order:
+        where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, leg {leg + 1}"
+        started = time.perf_counter()
+        bench = run_bench(launcher, bench_args(spec, cell, arm, record["model_dir"]),
+                          spec.timeout_s, where)
+        record["arms"][arm.name]["legs"].append(float(bench["decode_tok_s"]))
+        record["arms"][arm.name]["raw"].append(bench)
+        record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))
+        if progress:
+            progress(Progress(index, cell.label, leg + 1, arm.name, float(bench["decode_tok_s"]), None))
+    record["orders"].append([arm.name for arm in order])
+    policy = spec.policy
+    record["verdict"] = judge({name: arm["legs"] for name, arm in record["arms"].items()},
+                              rule=policy.rule, alpha=policy.alpha, tolerance=policy.tolerance)
+    if progress:
+        progress(Progress(index, cell.label, leg + 1, None, None, record["verdict"]))
+
+
+def _empty_result(spec: GridSpec, launcher: BenchLauncher, until_binding: bool, cap: int) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "spec": spec.name, "source": spec.source,
+            "policy": {"rule": spec.policy.rule, "alpha": spec.policy.alpha,
+                       "tolerance": spec.policy.tolerance},
+            "legs": spec.legs, "until_binding": until_binding, "max_legs": cap,
+            "warmup": spec.warmup, "iters": spec.iters, "bench_command": list(launcher.command),
+            "started_at": _now(), "finished_at": None, "complete": False, "cells": []}
+
+
+def _empty_cell(spec: GridSpec, cell: Cell, model_dir: str) -> dict:
+    arms = {a.name: {"options": {"lm_head": a.lm_head, "backend": a.backend,
+                                 "extra_args": list(a.extra_args)},
+                     "legs": [], "raw": [], "wall_s": []}
+            for a in spec.arms}
+    return {"cell": cell.as_dict(), "model_dir": model_dir, "arms": arms, "orders": [],
+            "verdict": None}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to a temp file in the same directory, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,244 @@
+"""Grid specs: typed, frozen configuration loaded once from `grids/*.yaml` and passed down.
+
+A spec names two arms (engine options), the cells to measure (batch, prompt and generation length,
+checkpoint), how many legs, warm-up and timed iterations, and the verdict policy. Every error
+names the file and the key (`cells[1].batch`) with what was expected against what was found.
+
+    name: lmhead
+    backend: cuda                  # default for arms that do not set one
+    legs: 3                        # legs run without --until-binding
+    max_legs: 8                    # cap for --until-binding
+    warmup: 2                      # per bench process
+    iters: 5                       # timed decode runs per bench process (one leg of one arm)
+    timeout_s: 900                 # per bench process
+    verdict: {rule: rank, alpha: 0.05, tolerance: 0.02}   # rule may be spelled direction_rule
+    checkpoint: {preset: 27b, layers: 4, naming: modelopt, seed: 0}   # default for every cell
+    arms:
+      packed: {lm_head: packed}
+      dequant: {lm_head: dequant, extra_args: []}
+    cells:
+      - {batch: 1, prompt_len: 128, gen_len: 64}
+      - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grids.verdict import RULES
+
+LM_HEADS = ("packed", "dequant")
+BACKENDS = ("cpu", "cuda")
+TOP_KEYS = {"name", "backend", "legs", "max_legs", "warmup", "iters", "timeout_s", "verdict",
+            "checkpoint", "arms", "cells"}
+
+
+class SpecError(ValueError):
+    """A grid spec that cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Parameters of `engine.ckpt_cache.cached_checkpoint` (a synthetic checkpoint)."""
+    preset: str = "tiny"
+    naming: str = "modelopt"
+    head: str = "nvfp4"
+    seed: int = 0
+    layers: int | None = None
+    quant_config: str = "legacy"
+    prefix: str = "model."
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    lm_head: str
+    backend: str
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    batch: int
+    prompt_len: int
+    gen_len: int
+    checkpoint: Checkpoint
+
+    @property
+    def label(self) -> str:
+        ck = self.checkpoint
+        layers = f"/{ck.layers}L" if ck.layers else ""
+        return f"b{self.batch} p{self.prompt_len} g{self.gen_len} {ck.preset}{layers} {ck.naming}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "batch": self.batch, "prompt_len": self.prompt_len,
+                "gen_len": self.gen_len, "checkpoint": self.checkpoint.params()}
+
+
+@dataclass(frozen=True)
+class Policy:
+    rule: str = "rank"
+    alpha: float = 0.05
+    tolerance: float = 0.02
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    name: str
+    arms: tuple[Arm, Arm]
+    cells: tuple[Cell, ...]
+    legs: int = 3
+    max_legs: int = 8
+    warmup: int = 1
+    iters: int = 3
+    timeout_s: float = 900.0
+    policy: Policy = field(default_factory=Policy)
+    source: str = "<dict>"
+
+    def with_backend(self, backend: str) -> GridSpec:
+        """The same grid with every arm on `backend` (the CLI's --backend)."""
+        if backend not in BACKENDS:
+            raise SpecError(f"--backend: expected one of {', '.join(BACKENDS)}, found {backend!r}")
+        arms = tuple(dataclasses.replace(a, backend=backend) for a in self.arms)
+        return dataclasses.replace(self, arms=arms)
+
+
+def load_spec(path: str | Path) -> GridSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read grid spec: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from e
+    return parse_spec(data, str(path))
+
+
+def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
+    where = _Where(source)
+    top = where.mapping(data, "", TOP_KEYS)
+    backend = where.choice(top.get("backend", "cpu"), "backend", BACKENDS)
+    defaults = where.mapping(top.get("checkpoint", {}), "checkpoint", _checkpoint_keys())
+    legs = where.count(top.get("legs", 3), "legs", 1)
+    return GridSpec(
+        name=where.text(top.get("name"), "name"),
+        arms=_arms(where, top.get("arms"), backend),
+        cells=_cells(where, top.get("cells"), defaults),
+        legs=legs,
+        max_legs=where.count(top.get("max_legs", max(legs, 8)), "max_legs", legs),
+        warmup=where.count(top.get("warmup", 1), "warmup", 0),
+        iters=where.count(top.get("iters", 3), "iters", 1),
+        timeout_s=where.number(top.get("timeout_s", 900), "timeout_s"),
+        policy=_policy(where, top.get("verdict", {})),
+        source=source,
+    )
+
+
+def _checkpoint_keys() -> set[str]:
+    return {f.name for f in dataclasses.fields(Checkpoint)}
+
+
+def _arms(where: _Where, data: Any, backend: str) -> tuple[Arm, Arm]:
+    arms = where.mapping(data, "arms", None)
+    if len(arms) != 2:
+        raise SpecError(f"{where.source}: arms: expected exactly 2 arms, found {len(arms)}")
+    out = []
+    for name, body in arms.items():
+        key = f"arms.{name}"
+        body = where.mapping(body, key, {"lm_head", "backend", "extra_args"})
+        extra = body.get("extra_args", [])
+        if not isinstance(extra, list) or not all(isinstance(x, (str, int, float)) for x in extra):
+            raise SpecError(f"{where.source}: {key}.extra_args: expected a list of strings, found {extra!r}")
+        out.append(Arm(name=str(name),
+                       lm_head=where.choice(body.get("lm_head"), f"{key}.lm_head", LM_HEADS),
+                       backend=where.choice(body.get("backend", backend), f"{key}.backend", BACKENDS),
+                       extra_args=tuple(str(x) for x in extra)))
+    return out[0], out[1]
+
+
+def _cells(where: _Where, data: Any, defaults: dict) -> tuple[Cell, ...]:
+    if not isinstance(data, list) or not data:
+        raise SpecError(f"{where.source}: cells: expected a non-empty list, found {data!r}")
+    cells = []
+    for i, body in enumerate(data):
+        key = f"cells[{i}]"
+        body = where.mapping(body, key, {"batch", "prompt_len", "gen_len", "checkpoint"})
+        own = where.mapping(body.get("checkpoint", {}), f"{key}.checkpoint", _checkpoint_keys())
+        cells.append(Cell(batch=where.count(body.get("batch"), f"{key}.batch", 1),
+                          prompt_len=where.count(body.get("prompt_len"), f"{key}.prompt_len", 1),
+                          gen_len=where.count(body.get("gen_len"), f"{key}.gen_len", 1),
+                          checkpoint=_checkpoint(where, {**defaults, **own}, f"{key}.checkpoint")))
+    return tuple(cells)
+
+
+def _checkpoint(where: _Where, body: dict, key: str) -> Checkpoint:
+    layers = body.get("layers")
+    return Checkpoint(
+        preset=where.text(body.get("preset", "tiny"), f"{key}.preset"),
+        naming=where.text(body.get("naming", "modelopt"), f"{key}.naming"),
+        head=where.text(body.get("head", "nvfp4"), f"{key}.head"),
+        seed=where.count(body.get("seed", 0), f"{key}.seed", 0),
+        layers=None if layers is None else where.count(layers, f"{key}.layers", 1),
+        quant_config=where.text(body.get("quant_config", "legacy"), f"{key}.quant_config"),
+        prefix=where.text(body.get("prefix", "model."), f"{key}.prefix"))
+
+
+def _policy(where: _Where, data: Any) -> Policy:
+    body = where.mapping(data, "verdict", {"rule", "direction_rule", "alpha", "tolerance"})
+    if "rule" in body and "direction_rule" in body:
+        raise SpecError(f"{where.source}: verdict: give rule or direction_rule (the issue's name), not both")
+    rule_key = "direction_rule" if "direction_rule" in body else "rule"
+    alpha = where.number(body.get("alpha", 0.05), "verdict.alpha")
+    tolerance = where.number(body.get("tolerance", 0.02), "verdict.tolerance")
+    for key, value in (("alpha", alpha), ("tolerance", tolerance)):
+        if not 0 < value < 1:
+            raise SpecError(f"{where.source}: verdict.{key}: expected a number in (0, 1), found {value!r}")
+    return Policy(rule=where.choice(body.get(rule_key, "rank"), f"verdict.{rule_key}", RULES),
+                  alpha=alpha, tolerance=tolerance)
+
+
+class _Where:
+    """Typed field readers whose errors say `<file>: <key>: expected ..., found ...`."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str, expected: str, found: Any) -> SpecError:
+        return SpecError(f"{self.source}: {key or '<top level>'}: expected {expected}, found {found!r}")
+
+    def mapping(self, data: Any, key: str, allowed: set[str] | None) -> dict:
+        if not isinstance(data, dict):
+            raise self.fail(key, "a mapping", data)
+        unknown = sorted(str(k) for k in data if allowed is not None and k not in allowed)
+        if unknown:
+            where = f"{key}." if key else ""
+            raise SpecError(f"{self.source}: {where}{unknown[0]}: unknown key "
+                            f"(expected one of {', '.join(sorted(allowed))})")
+        return data
+
+    def text(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, "a non-empty string", value)
+        return value
+
+    def choice(self, value: Any, key: str, options: tuple[str, ...]) -> str:
+        if value not in options:
+            raise self.fail(key, f"one of {', '.join(options)}", value)
+        return value
+
+    def count(self, value: Any, key: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(key, f"an integer >= {minimum}", value)
+        return value
+
+    def number(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self.fail(key, "a positive number", value)
+        return float(value)

@@ -1,0 +1,162 @@
+"""Benchmark of the packed NVFP4 W4A16 GEMM: `python -m kernels.bench [--json] [--sweep]`.
+
+One run measures, on the same device: its read bandwidth (a large FP32 reduction), the packed
+kernel, cuBLAS BF16 on the dequantized weight (the dequant arm), torch's int4 tinygemm at group 32
+(a shipped W4A16 peer) and the bandwidth floor (packed bytes / read bandwidth), at the 27B lm_head
+and tower shapes for each M. Times are medians of many reps (triton.testing.do_bench); each arm
+rotates over enough weight copies that the 60 MB L2 cannot serve a repeat. Prints a table for
+people, then one JSON line for machines. `--sweep` times candidate configs instead (kernels/sweep.py).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+
+import torch
+
+from kernels.nvfp4_gemm import nvfp4_gemm
+from kernels import tuning
+
+SCHEMA_VERSION = 1
+# Qwen3.5-27B (engine/presets.py): hidden 5120, intermediate 17408, 24 q heads x 256 (q_proj also
+# emits the output gate), 4 kv heads, vocab 248320. (N, K) per projection.
+SHAPES = {
+    "lm_head": (248_320, 5120),
+    "q_proj": (2 * 24 * 256, 5120),
+    "o_proj": (5120, 24 * 256),
+    "gate_up_proj": (2 * 17_408, 5120),
+    "down_proj": (5120, 17_408),
+}
+MS = (1, 4, 16, 64, 256)
+L2_BYTES = 60 * 2**20
+ROTATE_BYTES = 4 * L2_BYTES  # each arm cycles through at least this many weight bytes
+
+
+def median_ms(fn, rep_ms: int = 100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=20, rep=rep_ms, return_mode="median"))
+
+
+def read_bandwidth_gbps(n_bytes: int = 4 * 2**30) -> float:
+    """Bytes read per second by a sum over a buffer far larger than L2."""
+    buf = torch.ones(n_bytes // 4, dtype=torch.float32, device="cuda")
+    ms = median_ms(lambda: buf.sum())
+    del buf
+    return n_bytes / (ms * 1e-3) / 1e9
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, math.ceil(ROTATE_BYTES / nbytes))
+
+
+def rotating(make, nbytes: int) -> itertools.cycle:
+    return itertools.cycle([make(i) for i in range(copies_for(nbytes))])
+
+
+def random_packed(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random nibbles and valid E4M3 scales (exponents well inside range, never NaN)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
+    scale = torch.randint(0x28, 0x40, (n, k // 16), dtype=torch.uint8, device="cuda", generator=g)
+    return packed, scale.view(torch.float8_e4m3fn)
+
+
+def time_packed(n: int, k: int, m: int, config=None, rep_ms: int = 100) -> float:
+    nbytes = n * k // 2 + n * k // 16
+    ws = rotating(lambda i: random_packed(n, k, i), nbytes)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+
+    def run():
+        p, s = next(ws)
+        nvfp4_gemm(x, p, s, 1e-3, config=config)
+    return median_ms(run, rep_ms)
+
+
+def time_cublas(n: int, k: int, m: int) -> float:
+    ws = rotating(lambda i: torch.randn(n, k, dtype=torch.bfloat16, device="cuda"), n * k * 2)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    return median_ms(lambda: torch.matmul(x, next(ws).T))
+
+
+def time_tinygemm(n: int, k: int, m: int, group: int = 32) -> float | None:
+    """torch's int4 tinygemm at group 32; None (and a note on stderr) where this torch lacks it."""
+    def make(i):
+        w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+        packed = torch.ops.aten._convert_weight_to_int4pack(w, 8)
+        sz = torch.randn(k // group, n, 2, dtype=torch.bfloat16, device="cuda")
+        return packed, sz
+    try:
+        ws = rotating(make, n * k // 2 + (k // group) * n * 4)
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+
+        def run():
+            p, sz = next(ws)
+            torch.ops.aten._weight_int4pack_mm(x, p, group, sz)
+        return median_ms(run)
+    except (RuntimeError, NotImplementedError) as e:
+        print(f"tinygemm unavailable: {str(e).splitlines()[0]}", file=__import__("sys").stderr)
+        return None
+
+
+def bench_row(name: str, n: int, k: int, m: int, read_gbps: float) -> dict:
+    packed_bytes = n * k // 2 + n * k // 16 + 4
+    floor_ms = packed_bytes / (read_gbps * 1e9) * 1e3
+    ours, cublas, tiny = time_packed(n, k, m), time_cublas(n, k, m), time_tinygemm(n, k, m)
+    return {"shape": name, "n": n, "k": k, "m": m, "packed_bytes": packed_bytes,
+            "ours_ms": ours, "floor_ms": floor_ms, "of_floor": floor_ms / ours,
+            "cublas_bf16_ms": cublas, "x_cublas": cublas / ours,
+            "tinygemm_g32_ms": tiny, "x_tinygemm": None if tiny is None else tiny / ours,
+            "config": tuning.config_for(m).__dict__}
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'shape':<13}{'N':>7}{'K':>6}{'M':>5}{'ours ms':>9}{'floor':>8}{'%floor':>7}" \
+           f"{'cuBLAS':>8}{'x cuBL':>7}{'tiny32':>8}{'x tiny':>7}  algo"
+    print(head)
+    for r in rows:
+        c = r["config"]
+        print(f"{r['shape']:<13}{r['n']:>7}{r['k']:>6}{r['m']:>5}{r['ours_ms']:>9.4f}{r['floor_ms']:>8.4f}"
+              f"{100 * r['of_floor']:>6.1f}%{r['cublas_bf16_ms']:>8.4f}{r['x_cublas']:>7.2f}"
+              f"{fmt(r['tinygemm_g32_ms'], '8.4f'):>8}{fmt(r['x_tinygemm'], '7.2f'):>7}"
+              f"  {c['algo']} m{c['block_m']} n{c['block_n']} k{c['block_k']} w{c['num_warps']} s{c['num_stages']}")
+
+
+def environment() -> dict:
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    return {"device": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
+            "triton": triton.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/sweep.py)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    a = ap.parse_args(argv)
+    shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
+    ms = [int(v) for v in a.ms.split(",")]
+    if a.sweep:
+        from kernels.sweep import sweep
+        return sweep(shapes, ms)
+    read_gbps = read_bandwidth_gbps()
+    rows = [bench_row(name, n, k, m, read_gbps) for name, (n, k) in shapes.items() for m in ms]
+    if not a.json:
+        print(f"read bandwidth {read_gbps:.0f} GB/s")
+        print_table(rows)
+    print(json.dumps({"schema_version": SCHEMA_VERSION, "bench": "nvfp4_gemm", **environment(),
+                      "read_gbps": read_gbps, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The Triton kernels of the packed NVFP4 W4A16 GEMM (imported only where Triton is installed).
+
+Data layout (the checkpoint's own; nothing is repacked):
+  x      bf16 [M, K]        row-major (last stride 1)
+  packed u8   [N, K/2]      byte j of row n holds W[n, 2j] in the LOW nibble and W[n, 2j+1] in the high
+  scale  u8   [N, K/16]     the E4M3 block scales, viewed as raw bytes
+  y      bf16 [M, N]        or, with split-K, FP32 partials [SPLIT, M, N] summed by `reduce_splits_kernel`
+
+Dequantization happens in registers by bit tricks, exactly (no rounding anywhere before the FP32
+accumulator):
+  E2M1 nibble s|eem -> FP16 bits (s << 15) | (eem << 9): an FP16 whose value is e2m1 * 2^-14 (the
+      subnormal FP16 covers E2M1's subnormal 0.5, so no fix-up is needed).
+  E4M3 byte  s|eeeemmm -> FP16 bits (s << 15) | (eeeemmm << 7): e4m3 * 2^-8, same reasoning.
+  Both powers of two are folded into one FP32 `out_scale = global_scale * 2^22` applied to the
+  accumulator, so the product e2m1 * e4m3 (at most 6 significant bits) is exact in BF16 and FP32.
+
+The K order inside a dot product does not matter, so neither kernel interleaves nibbles: the low
+nibbles meet the even columns of x and the high nibbles the odd ones.
+
+`gemv_kernel`: small M. FMA + reductions; the block scale multiplies a 16-element partial sum once
+instead of every element. `mma_kernel`: larger M, "swap AB": the dequantized weight tile is the A
+operand [BLOCK_N, BLOCK_K/2] and x^T the B operand, so the tensor-core tile's narrow side is M.
+Both take a split-K grid axis for shapes whose N alone cannot fill the SMs. `DOT_DTYPE` is BF16 on
+the GPU; FP32 only under Triton's CPU interpreter, whose BF16 tl.dot is broken (same values: the
+dequantized weight and x are exact in either).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _e2m1_pair(b):
+    """u8 tile -> (low, high) nibble values as FP16, each e2m1 * 2^-14."""
+    b = b.to(tl.uint16)
+    lo = ((b & 0x7) << 9) | ((b & 0x8) << 12)
+    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
+    return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _e2m1_word_asm(q):
+    """int32 word of 8 nibbles -> its 8 values (element j = nibble j) as FP32, each e2m1 * 2^-14.
+
+    Two FP16 lanes per 32-bit op: nibbles j and j+4 sit 16 bits apart, so one shift-and-mask
+    places both (magnitude at bits 9..11, sign at 15 of each half); cvt.f32.f16 widens each half.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b, w0, w1, w2, w3;
+        .reg .b16 l0, h0, l1, h1, l2, h2, l3, h3;
+        shl.b32 a, $8, 9;  and.b32 a, a, 0x0E000E00; shl.b32 b, $8, 12; and.b32 b, b, 0x80008000; or.b32 w0, a, b;
+        shl.b32 a, $8, 5;  and.b32 a, a, 0x0E000E00; shl.b32 b, $8, 8;  and.b32 b, b, 0x80008000; or.b32 w1, a, b;
+        shl.b32 a, $8, 1;  and.b32 a, a, 0x0E000E00; shl.b32 b, $8, 4;  and.b32 b, b, 0x80008000; or.b32 w2, a, b;
+        shr.b32 a, $8, 3;  and.b32 a, a, 0x0E000E00; and.b32 b, $8, 0x80008000; or.b32 w3, a, b;
+        mov.b32 {l0, h0}, w0; mov.b32 {l1, h1}, w1; mov.b32 {l2, h2}, w2; mov.b32 {l3, h3}, w3;
+        cvt.f32.f16 $0, l0; cvt.f32.f16 $1, l1; cvt.f32.f16 $2, l2; cvt.f32.f16 $3, l3;
+        cvt.f32.f16 $4, h0; cvt.f32.f16 $5, h1; cvt.f32.f16 $6, h2; cvt.f32.f16 $7, h3;
+        }""",
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+        args=[q], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1_word_ref(q):
+    """The same decode in plain Triton (the CPU interpreter cannot run PTX)."""
+    out0 = _nibble_f32(q, 0)
+    out1 = _nibble_f32(q, 4)
+    out2 = _nibble_f32(q, 8)
+    out3 = _nibble_f32(q, 12)
+    out4 = _nibble_f32(q, 16)
+    out5 = _nibble_f32(q, 20)
+    out6 = _nibble_f32(q, 24)
+    out7 = _nibble_f32(q, 28)
+    return out0, out1, out2, out3, out4, out5, out6, out7
+
+
+@triton.jit
+def _nibble_f32(q, shift: tl.constexpr):
+    n = (q >> shift) & 0xF
+    bits = ((n & 0x7) << 9) | ((n & 0x8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _split8(x):
+    """[R, 8] -> its 8 columns, each [R]."""
+    c0, c1 = tl.split(tl.reshape(x, [x.shape[0], 2, 2, 2]))
+    b00, b01 = tl.split(c0)
+    b10, b11 = tl.split(c1)
+    x0, x4 = tl.split(b00)
+    x2, x6 = tl.split(b01)
+    x1, x5 = tl.split(b10)
+    x3, x7 = tl.split(b11)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _e4m3(b):
+    """u8 tile of E4M3 bytes -> FP32, each e4m3 * 2^-8 (exact)."""
+    b = b.to(tl.uint16)
+    h = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _load_w(w_ptr, s_ptr, offs_n, n_mask, k0, K, stride_wn, stride_sn,
+            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """One K tile of packed bytes [BLOCK_N, BLOCK_K/2] and its scales [BLOCK_N, BLOCK_K/16]."""
+    # k0 is a multiple of BLOCK_K; saying so keeps the byte loads 16 bytes wide.
+    kb = tl.multiple_of(k0 // 2, BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    ks = tl.multiple_of(k0 // 16, BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + kb[None, :]
+    s_ptrs = s_ptr + offs_n[:, None] * stride_sn + ks[None, :]
+    if EVEN_K:  # no K mask: keeps the byte loads 16 bytes wide
+        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0)
+        s = tl.load(s_ptrs, mask=n_mask[:, None], other=0)
+    else:
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
+        s = tl.load(s_ptrs, mask=n_mask[:, None] & (ks < K // 16)[None, :], other=0)
+    return w, s
+
+
+@triton.jit
+def _store(y_ptr, acc_mn, offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale,
+           SPLIT: tl.constexpr):
+    """acc_mn [BLOCK_M, BLOCK_N] -> y (BF16) or this split's FP32 partial."""
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    ptrs = offs_m[:, None] * stride_ym + offs_n[None, :]
+    out = acc_mn * out_scale
+    if SPLIT == 1:
+        tl.store(y_ptr + ptrs, out.to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(y_ptr + pid_k * stride_ys + ptrs, out, mask=mask)
+
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
+                stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                EVEN_K: tl.constexpr, SPLIT: tl.constexpr, USE_ASM: tl.constexpr):
+    """w_ptr: the packed bytes viewed as int32 words [N, K/8] (stride_wn in words)."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    WORDS: tl.constexpr = BLOCK_K // 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_lo = pid_k * k_per_split  # the launcher splits K into equal whole tiles
+    for kk in range(0, k_per_split, BLOCK_K):
+        k0 = tl.multiple_of(k_lo + kk, BLOCK_K)
+        kw = k0 // 8 + tl.arange(0, WORDS)
+        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        if EVEN_K:  # no K mask: keeps the word loads 16 bytes wide
+            q = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :], mask=n_mask[:, None], other=0)
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + ks[None, :], mask=n_mask[:, None], other=0)
+        else:
+            q = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :],
+                        mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + ks[None, :],
+                        mask=n_mask[:, None] & (ks < K // 16)[None, :], other=0)
+        if USE_ASM:
+            w0, w1, w2, w3, w4, w5, w6, w7 = _e2m1_word_asm(q)
+        else:
+            w0, w1, w2, w3, w4, w5, w6, w7 = _e2m1_word_ref(q)
+        scale = _e4m3(s)
+        offs_x = k0 + tl.arange(0, BLOCK_K)
+        for i in tl.static_range(BLOCK_M):
+            m = pid_m * BLOCK_M + i
+            x = tl.load(x_ptr + m * stride_xm + offs_x, mask=(m < M) & (offs_x < K), other=0.0)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _split8(tl.reshape(x.to(tl.float32), [WORDS, 8]))
+            part = w0 * x0[None, :] + w1 * x1[None, :] + w2 * x2[None, :] + w3 * x3[None, :]
+            part += w4 * x4[None, :] + w5 * x5[None, :] + w6 * x6[None, :] + w7 * x7[None, :]
+            block_dot = tl.sum(tl.reshape(part, [BLOCK_N, BLOCK_K // 16, 2]), axis=2)
+            row = tl.sum(block_dot * scale, axis=1)  # [BLOCK_N]
+            acc += tl.where((tl.arange(0, BLOCK_M) == i)[:, None], row[None, :], 0.0)
+    _store(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale, SPLIT)
+
+
+@triton.jit
+def mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
+               stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+               DOT_DTYPE: tl.constexpr):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_x = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T tile: swap AB
+    k_lo = pid_k * k_per_split
+    for kk in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
+        k0 = k_lo + kk
+        w, s = _load_w(w_ptr, s_ptr, offs_n, n_mask, k0, K, stride_wn, stride_sn, BLOCK_K, EVEN_K)
+        x_mask = (offs_m < M)[:, None] & (k0 + offs_x < K)[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_x)[None, :], mask=x_mask, other=0.0)
+        xe, xo = tl.split(tl.reshape(x.to(DOT_DTYPE), [BLOCK_M, BLOCK_K // 2, 2]))
+        lo, hi = _e2m1_pair(w)
+        scale = _e4m3(s)[:, :, None]
+        # e2m1 * e4m3 has at most 6 significant bits: exact in BF16, so the cast loses nothing.
+        lo = tl.reshape(tl.reshape(lo.to(tl.float32), [BLOCK_N, BLOCK_K // 16, 8]) * scale,
+                        [BLOCK_N, BLOCK_K // 2]).to(DOT_DTYPE)
+        hi = tl.reshape(tl.reshape(hi.to(tl.float32), [BLOCK_N, BLOCK_K // 16, 8]) * scale,
+                        [BLOCK_N, BLOCK_K // 2]).to(DOT_DTYPE)
+        acc = tl.dot(lo, tl.trans(xe), acc)
+        acc = tl.dot(hi, tl.trans(xo), acc)
+    _store(y_ptr, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale, SPLIT)
+
+
+@triton.jit
+def reduce_splits_kernel(ws_ptr, y_ptr, numel, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """y = sum over splits of the FP32 partials (already scaled), cast to BF16 once."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in tl.static_range(SPLIT):
+        acc += tl.load(ws_ptr + i * numel + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(tl.bfloat16), mask=mask)

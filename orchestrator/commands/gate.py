@@ -1,0 +1,132 @@
+"""`orchestrator gate --head REV`: gate a head on a box; exit 0 green, 1 red, 2 infrastructure/usage.
+
+Progress goes to stderr (live on a terminal); `--json` ends stdout with one JSON line for machines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from gates.manifest import ManifestError
+from orchestrator.config import ConfigError, load_config
+from orchestrator.gate import exit_code, run_gate
+from orchestrator.idle import gpus
+from orchestrator.provenance import ProvenanceError
+
+HOOKS_ENV = "REGATE_TEST_HOOKS"  # comma-separated job test hooks (tests inject an md5 mismatch this way)
+
+
+def summary(record: dict) -> dict:
+    """The `--json` line: what a machine needs to act on a gate."""
+    grid = record.get("grid") or {}
+    return {
+        "run_id": record["run_id"], "state": record["state"], "exit_code": exit_code(record["state"]),
+        "head_sha": record["head"]["sha"], "md5_head": record["provenance"]["md5_head"],
+        "md5_box": record["provenance"]["md5_box"], "box": record["box"]["name"],
+        "backend": record["box"].get("backend"),
+        "lock_wait_s": (record.get("lock") or {}).get("wait_s"),
+        "sacred": record.get("sacred"),
+        "markers": (record.get("build") or {}).get("markers", []),
+        "suites": [{k: s.get(k) for k in ("name", "sacred", "state", "tests_passed", "tests_total",
+                                          "checks_passed", "checks_total", "census_tests", "census_checks")}
+                   for s in record.get("suites") or []],
+        "mutations": [{k: p.get(k) for k in ("pin", "state")} for p in record.get("mutations") or []],
+        "grid_verdicts": [{"cell": c.get("cell"), "verdict": c.get("verdict")} for c in grid.get("cells", [])],
+        "report_path": record.get("report_path"), "not_run": record.get("not_run", []),
+        "error": record.get("error"),
+    }
+
+
+class ProgressPrinter:
+    """Events from both ends as lines on stderr; a live spinner for the step in progress on a terminal."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.status = console.status("starting") if console.is_terminal else None
+        if self.status is not None:
+            self.status.start()
+
+    def __call__(self, ev: dict) -> None:
+        line = _describe(ev)
+        if line is None:
+            return
+        if ev.get("status") in ("start", "waiting") and self.status is not None:
+            self.status.update(line)
+        if ev.get("status") != "start" or self.status is None:
+            self.console.print(line, highlight=False)
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
+def _describe(ev: dict) -> str | None:
+    kind = ev.get("event")
+    if kind == "started":
+        return f"job started on box {ev['name']} (node {ev['node_id'][:12]}, pid {ev['pid']})"
+    if kind == "reused":
+        return f"identical gate already recorded: run {ev['run_id']} ({ev['state']}); --force re-runs it"
+    if kind == "suite":
+        return f"suite {ev['suite']}: {ev['status']}" + (f" ({ev['detail']})" if ev.get("detail") else "")
+    if kind in ("step", "leg"):
+        what = ev.get("step", "grid leg")
+        return f"{what}: {ev.get('status', '')} {ev.get('detail', '')}".rstrip()
+    return None
+
+
+def _final_lines(record: dict, console: Console) -> None:
+    for s in record.get("suites") or []:
+        counts = f"{s['tests_passed']}/{s['tests_total']} tests, {s['checks_passed']}/{s['checks_total']} checks"
+        why = s.get("why") or "; ".join(s.get("reasons") or [])
+        console.print(f"  {s['state']:8} {s['name']}" + ("" if s["state"] == "NOT_RUN" else f"  {counts}")
+                      + (f"  ({why})" if why else ""), highlight=False)
+    sacred = record.get("sacred") or {}
+    if sacred.get("modified"):
+        console.print(f"  {sacred['message']}", highlight=False)
+    for n in record.get("not_run") or []:
+        console.print(f"  not run: {n['what']}: {n['why']}", highlight=False)
+    if record.get("error"):
+        console.print(f"  error: {record['error']}", highlight=False)
+    console.print(f"{record['state']}: run {record['run_id']}  report: {record.get('report_path')}", highlight=False)
+
+
+def gate(
+    head: str = typer.Option(..., "--head", help="git revision to gate (sha, branch, HEAD)"),
+    repo: str = typer.Option(".", "--repo", help="repository holding the revision"),
+    config: Optional[str] = typer.Option(None, "--config", help="orchestrator.yaml (default: built-in)"),
+    box: Optional[str] = typer.Option(None, "--box", help="box to run on (default: the config's default)"),
+    grid: Optional[str] = typer.Option(None, "--grid", help="throughput grid spec to run under the same lock"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (else $RAY_ADDRESS)"),
+    force: bool = typer.Option(False, "--force", help="re-run even if an identical gate is recorded"),
+    accept_sacred: bool = typer.Option(False, "--accept-sacred-change",
+                                       help="let a head that modifies a sacred suite pass (recorded)"),
+    as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
+) -> None:
+    """Gate a head: provenance, build, box lock, suites (and a grid), record and report."""
+    err = Console(stderr=True)
+    hooks = tuple(h for h in os.environ.get(HOOKS_ENV, "").split(",") if h)
+    printer = ProgressPrinter(err)
+    try:
+        cfg = load_config(config, gpus=len(gpus()))
+        record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred)
+    except (ConfigError, ProvenanceError, ManifestError) as e:
+        printer.stop()
+        err.print(f"error: {e}", highlight=False, markup=False)
+        if as_json:
+            print(json.dumps({"state": "ERROR", "exit_code": 2, "error": str(e)}))
+        raise typer.Exit(2)
+    printer.stop()
+    _final_lines(record, err)
+    if as_json:
+        print(json.dumps(summary(record)))
+    sys.stdout.flush()
+    raise typer.Exit(exit_code(record["state"]))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate")(gate)

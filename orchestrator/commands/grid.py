@@ -1,0 +1,64 @@
+"""`orchestrator grid`: run a throughput grid locally and print each cell's verdict.
+
+    orchestrator grid grids/lmhead.yaml --until-binding --max-legs 8 --out grid.json
+
+Each arm of each leg is a fresh `engine bench` process (see grids.runner). Live progress goes to
+stderr; the verdict tables (or with --json the result as one JSON line) go to stdout. Exit 2 on a
+bad spec or a failing bench (the error names cell, arm and leg, with the bench's stderr tail).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from grids.runner import BenchLauncher, GridError, Progress, run_grid
+from grids.spec import SpecError, load_spec
+from orchestrator.commands.verdict import render
+
+
+def _progress_printer(console: Console):
+    def show(event: Progress) -> None:
+        if event.arm is not None:
+            console.log(f"leg {event.leg}  {event.cell}  {event.arm:>10}  {event.tok_s:.4f} tok/s")
+            return
+        d, m = event.verdict["direction"], event.verdict["magnitude"]
+        console.log(f"leg {event.leg}  {event.cell}  direction {d['state']} ({d['winner']}, "
+                    f"p={d['p']:.3g}), magnitude {m['state']} (ratio {m['ratio']:.4f})")
+    return show
+
+
+def grid_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="A grid spec, e.g. grids/lmhead.yaml."),
+    out: Path | None = typer.Option(None, "--out", help="Write the result JSON here (atomically, after every leg)."),
+    until_binding: bool = typer.Option(False, "--until-binding", help="Add legs until every cell is binding."),
+    max_legs: int | None = typer.Option(None, "--max-legs", help="Cap on legs per cell (default: the spec's max_legs)."),
+    backend: str | None = typer.Option(None, "--backend", help="Run every arm on this backend (cpu | cuda)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON line instead of tables."),
+    bench_cmd: str | None = typer.Option(None, "--bench-cmd",
+                                         help="Command that starts one bench (default: python -m engine.cli bench)."),
+) -> None:
+    log = Console(stderr=True, log_path=False)
+    try:
+        spec = load_spec(spec_path)
+        if backend is not None:
+            spec = spec.with_backend(backend)
+        launcher = BenchLauncher(tuple(shlex.split(bench_cmd))) if bench_cmd else BenchLauncher()
+        result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=out,
+                          launcher=launcher, progress=_progress_printer(log))
+    except (SpecError, GridError) as e:
+        typer.echo(f"grid: {e}", err=True)
+        raise typer.Exit(2)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    console = Console()
+    for cell in result["cells"]:
+        render(cell["verdict"], console, title=f"{result['spec']}: {cell['cell']['label']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("grid", help="Run a throughput grid (two arms, alternating legs) and judge it.")(grid_cmd)

@@ -1,0 +1,73 @@
+"""`orchestrator mutate --head REV [--repo PATH] [--pin NAME | --all] [--json]`: prove the gates can fail.
+
+The revision is `git archive`d into a fresh temp tree (the user's working tree is never touched);
+each pin of that tree is applied in its own copy and its suite run there (`gates.mutate`). Each pin
+reads KILLED (red as pinned), SURVIVED or STALE (no longer applies). Exit 1 when any survived, 2 on
+usage or provenance errors, 0 otherwise (a STALE pin is reported, not a pass of the gate it pinned:
+it says the pin needs rewriting).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gates.manifest import ManifestError
+from gates.mutate import SURVIVED, run_pins
+from gates.pins import PinError
+from orchestrator.provenance import ProvenanceError, archive, unpack
+
+
+class UsageError(Exception):
+    pass
+
+
+def mutate(head: str, repo: str | Path = ".", pins: list[str] | None = None,
+           python: str = sys.executable, progress=None) -> dict:
+    """Archive `head` of `repo` into a temp tree and run the pins there; returns
+    {head: {rev, sha, repo}, mutations: [run_pins dicts]}."""
+    arc = archive(repo, head)
+    with tempfile.TemporaryDirectory(prefix="regate-head-") as tmp:
+        tree = unpack(arc.tarball, Path(tmp) / "tree")
+        results = run_pins(tree, pins, python=python, progress=progress)
+    return {"head": {"rev": head, "sha": arc.sha, "repo": arc.repo}, "mutations": results}
+
+
+def exit_code(results: list[dict]) -> int:
+    return 1 if any(r["state"] == SURVIVED for r in results) else 0
+
+
+def _line(r: dict) -> str:
+    return f"{r['state']:<9} {r['pin']}  [{r['suite']}]  {r['detail']}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("mutate")
+    def mutate_cmd(
+        head: str = typer.Option(..., "--head", help="revision to mutate (archived; your tree is untouched)"),
+        repo: Path = typer.Option(Path("."), "--repo", help="git repository holding the revision"),
+        pin: Optional[list[str]] = typer.Option(None, "--pin", help="pin name (repeatable)"),
+        all_pins: bool = typer.Option(False, "--all", help="run every pin"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
+    ) -> None:
+        """Apply mutation pins to a head in fresh trees; each must turn its suite RED."""
+        if bool(pin) == all_pins:
+            typer.echo("orchestrator mutate: give --pin NAME (repeatable) or --all, not both", err=True)
+            raise typer.Exit(2)
+        progress = None if as_json else (lambda r: typer.echo(_line(r)))
+        try:
+            out = mutate(head, repo, None if all_pins else list(pin), progress=progress)
+        except (ProvenanceError, ManifestError, PinError, KeyError) as e:
+            typer.echo(f"orchestrator mutate: {e}", err=True)
+            raise typer.Exit(2)
+        results = out["mutations"]
+        if as_json:
+            typer.echo(json.dumps(out, sort_keys=True))
+        else:
+            counts = {s: sum(r["state"] == s for r in results) for s in ("KILLED", "SURVIVED", "STALE")}
+            typer.echo(f"{out['head']['sha'][:12]}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        raise typer.Exit(exit_code(results))

@@ -1,0 +1,76 @@
+"""`orchestrator report RUN [--format html|md]`: re-render any past run from its stored record alone.
+
+HTML writes `<reports_dir>/<run_id>.html` and refreshes the index, then prints the path; `md` prints
+the PR body (Measured, Established, Owed, Not run). Both show the open owed-ledger items of the
+run's head. Exit 2 when the run, the database or the record cannot be found or read.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator import db, owed
+from orchestrator.config import ConfigError, load_config
+from orchestrator.report import ReportError, render_index, render_markdown, render_run
+
+FORMATS = ("html", "md")
+
+
+class CommandError(Exception):
+    """Usage or lookup failure; the CLI prints it and exits 2."""
+
+
+def open_db(config: Path | None, db_path: Path | None) -> tuple[sqlite3.Connection, Path]:
+    """(connection, reports_dir) from --db/--config; refuses to create a database that is not there."""
+    cfg = load_config(config)
+    path = Path(db_path or cfg.db_path)
+    if not path.is_file():
+        raise CommandError(f"no regate database at {path} (give --db PATH or --config FILE)")
+    return db.connect(path), Path(cfg.reports_dir)
+
+
+def load_record(conn: sqlite3.Connection, run_id: str) -> dict:
+    try:
+        return db.get(conn, run_id)
+    except KeyError as e:
+        raise CommandError(e.args[0] if e.args else f"no run {run_id!r}") from None
+
+
+def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: Path | None = None,
+           out: Path | None = None) -> str:
+    """Render one stored run; returns the HTML path (html) or the Markdown text (md)."""
+    if fmt not in FORMATS:
+        raise CommandError(f"--format must be one of {', '.join(FORMATS)}; found {fmt!r}")
+    conn, reports_dir = open_db(config, db_path)
+    try:
+        record = load_record(conn, run_id)
+        items = owed.list_open(conn, (record.get("head") or {}).get("sha") or None)
+        if fmt == "md":
+            return render_markdown(record, owed=items)
+        reports_dir = Path(out or reports_dir)
+        path = render_run(record, reports_dir, owed=items)
+        render_index(db.list_runs(conn, limit=1000), reports_dir)
+        return str(path)
+    finally:
+        conn.close()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
+        fmt: str = typer.Option("html", "--format", help="html (write the page) or md (print a PR body)"),
+        config: Optional[Path] = typer.Option(None, "--config", help="orchestrator.yaml"),
+        db_path: Optional[Path] = typer.Option(None, "--db", help="the regate database (default: from config)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="reports directory (default: from config)"),
+    ) -> None:
+        """Re-render a past run's report from its stored record."""
+        try:
+            typer.echo(report(run, fmt, config, db_path, out))
+        except (CommandError, ConfigError, ReportError, json.JSONDecodeError) as e:
+            typer.echo(f"orchestrator report: {e}", err=True)
+            raise typer.Exit(2)

@@ -1,0 +1,54 @@
+"""`orchestrator runs` lists gate jobs; `orchestrator show RUN` prints one record (a unique prefix works)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator import db
+from orchestrator.config import ConfigError, load_config
+
+
+def _conn(config: Optional[str]):
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        Console(stderr=True).print(f"error: {e}", markup=False)
+        raise typer.Exit(2)
+    return db.connect(cfg.db_path)
+
+
+def runs(config: Optional[str] = typer.Option(None, "--config"),
+         limit: int = typer.Option(50, "--limit"),
+         as_json: bool = typer.Option(False, "--json", help="one JSON line per run")) -> None:
+    """List gate jobs, newest first."""
+    records = db.list_runs(_conn(config), limit)
+    if as_json:
+        for r in records:
+            print(json.dumps({"run_id": r["run_id"], "state": r["state"], "sha": r["head"]["sha"],
+                              "box": r["box"]["name"], "created_at": r["created_at"]}))
+        return
+    table = Table("run", "state", "head", "box", "created", "suites")
+    for r in records:
+        suites = " ".join(f"{s['name']}:{s['state']}" for s in r.get("suites") or [])
+        table.add_row(r["run_id"], r["state"], r["head"]["sha"][:12], str(r["box"]["name"]), r["created_at"], suites)
+    Console().print(table)
+
+
+def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
+         config: Optional[str] = typer.Option(None, "--config")) -> None:
+    """Print one run's record as JSON."""
+    try:
+        record = db.get(_conn(config), run)
+    except KeyError as e:
+        Console(stderr=True).print(f"error: {e.args[0]}", markup=False)
+        raise typer.Exit(2)
+    print(json.dumps(record, indent=1))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
+    app.command("show")(show)

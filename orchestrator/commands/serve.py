@@ -1,0 +1,55 @@
+"""`orchestrator serve`: run the schedules, a job worker per box, and the HTTP front, until SIGTERM.
+
+Exit codes: 0 a clean shutdown; 2 a bad config, a port that cannot be bound, or a repo that is not one.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from typing import Optional
+
+import typer
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.http_api import DEFAULT_HOST, DEFAULT_PORT
+from orchestrator.idle import gpus
+from orchestrator.provenance import ProvenanceError
+from orchestrator.schedule import ScheduleError
+from orchestrator.service import load_service
+
+
+def serve(
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="address to bind (loopback by default)"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="port to bind (0: any free port)"),
+    config: Optional[str] = typer.Option(None, "--config", help="orchestrator.yaml (default: built-in)"),
+    repo: str = typer.Option(".", "--repo", help="repository whose revisions are gated"),
+) -> None:
+    """Serve runs, reports and a JSON API; run the configured schedules."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(config, gpus=len(gpus()))
+        _check_repo(repo)
+        service = load_service(cfg, config, repo, host, port)
+        service.install_signal_handlers()
+        url = service.start()
+    except (ConfigError, ScheduleError, ProvenanceError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    # One line on stdout for people and for scripts that started us with --port 0.
+    print(f"serving {url} (db {cfg.db_path}, {len(service.schedules)} schedule(s), "
+          f"boxes {', '.join(b.name for b in cfg.boxes)})", flush=True)
+    service.run()
+    logging.getLogger("regate.service").info("stopped cleanly")
+
+
+def _check_repo(repo: str) -> None:
+    """Fail at start, not at the first request, when --repo is not a git repository."""
+    r = subprocess.run(["git", "-C", repo, "rev-parse", "--git-dir"], capture_output=True, timeout=60)
+    if r.returncode != 0:
+        raise ProvenanceError(f"--repo {repo}: not a git repository")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

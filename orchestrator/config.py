@@ -1,0 +1,221 @@
+"""The orchestrator's configuration: `orchestrator.yaml`, validated once at the edge into frozen dataclasses.
+
+Every key is optional; with no file at all the embedded default is one box named after this host, its
+lock at `~/gpu.lock`, and as many GPUs as this machine has (none -> the CPU backend, no required
+marker). Runtime discoveries (which node a box is, what a build printed) live elsewhere, never here.
+
+    ray_address: null            # null: start a local Ray in-process; "auto" or "host:port": join
+    db_path: .regate/regate.db   # relative paths are relative to the config file's directory
+    reports_dir: .regate/reports
+    work_dir: null               # where a box unpacks heads (null: the system temp dir)
+    trusted_root: null           # regate checkout whose gates.yaml judges sacred suites (null: the box's own)
+    default_box: h200-a          # else the first box
+    timeouts: {schedule_s: 120, lock_s: 3600, build_s: 1800, idle_wait_s: 300, heartbeat_s: 5, stale_s: 120}
+    boxes:
+      - name: h200-a
+        lock_path: ~/gpu.lock    # expanded on the box: the same file people `flock` by hand
+        gpus: 1
+        required_markers: ["packed NVFP4 W4A16 GEMM: ENABLED"]
+        idle: {max_util_pct: 10, on_busy: wait}   # wait (up to timeouts.idle_wait_s) | abort
+
+A bad file raises `ConfigError` naming the file and the key path, expected against found.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+CUDA_MARKER = "packed NVFP4 W4A16 GEMM: ENABLED"  # prefix of the line `engine build` prints on a good CUDA build
+ON_BUSY = ("wait", "abort")
+
+
+class ConfigError(ValueError):
+    """orchestrator.yaml is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    max_util_pct: float = 10.0  # a GPU above this utilization, or running any compute process, is busy
+    on_busy: str = "wait"
+
+
+@dataclass(frozen=True)
+class BoxConfig:
+    name: str
+    lock_path: str = "~/gpu.lock"
+    gpus: int = 0
+    required_markers: tuple[str, ...] = ()
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    schedule_s: float = 120.0  # a box that has not started the job by then is reported, never waited on forever
+    lock_s: float = 3600.0
+    build_s: float = 1800.0
+    idle_wait_s: float = 300.0
+    heartbeat_s: float = 5.0
+    stale_s: float = 120.0  # a RUNNING row whose heartbeat is older than this, at start, is LOST
+
+
+@dataclass(frozen=True)
+class Config:
+    boxes: tuple[BoxConfig, ...]
+    ray_address: str | None = None
+    db_path: Path = Path(".regate/regate.db")
+    reports_dir: Path = Path(".regate/reports")
+    work_dir: Path | None = None
+    trusted_root: Path | None = None
+    default_box: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    source: str = "<built-in defaults>"
+
+    def box(self, name: str | None) -> BoxConfig:
+        name = name or self.default_box or self.boxes[0].name
+        for b in self.boxes:
+            if b.name == name:
+                return b
+        known = ", ".join(b.name for b in self.boxes)
+        raise ConfigError(f"unknown box {name!r}: {self.source} configures {known}")
+
+    def digest(self, box: BoxConfig) -> str:
+        """What of the config changes a gate's meaning: the box's settings (not paths or timeouts)."""
+        blob = json.dumps(asdict(box), sort_keys=True).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def host_box_name() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def default_box(gpus: int) -> BoxConfig:
+    return BoxConfig(host_box_name(), gpus=gpus, required_markers=(CUDA_MARKER,) if gpus else ())
+
+
+def default_config(gpus: int = 0) -> Config:
+    return Config(boxes=(default_box(gpus),))
+
+
+def load_config(path: str | Path | None, gpus: int = 0) -> Config:
+    """The config at `path`, or the embedded default when `path` is None. `gpus`: this host's count,
+    used only by the embedded default box."""
+    if path is None:
+        return default_config(gpus)
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_config({} if raw is None else raw, str(path), path.parent, gpus)
+
+
+# `schedules` is parsed and validated by orchestrator.schedule.load_schedules (the service's section).
+_TOP = ("ray_address", "db_path", "reports_dir", "work_dir", "default_box", "timeouts", "boxes", "schedules")
+
+
+def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
+    top = _mapping(raw, where, "<top level>", _TOP)
+    boxes = tuple(_box(b, where, f"boxes[{i}]") for i, b in enumerate(_list(top.get("boxes"), where, "boxes")))
+    boxes = boxes or (default_box(gpus),)
+    names = [b.name for b in boxes]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            _fail(where, f"boxes[{i}].name", "a name no other box has", n)
+    default = _opt_str(top.get("default_box"), where, "default_box")
+    if default is not None and default not in names:
+        _fail(where, "default_box", f"one of the boxes ({', '.join(names)})", default)
+    defaults = Config(boxes=boxes)
+    return Config(
+        boxes=boxes,
+        ray_address=_opt_str(top.get("ray_address"), where, "ray_address"),
+        db_path=_path(top.get("db_path"), where, "db_path", base) or defaults.db_path,
+        reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or defaults.reports_dir,
+        work_dir=_path(top.get("work_dir"), where, "work_dir", base),
+        trusted_root=_path(top.get("trusted_root"), where, "trusted_root", base),
+        default_box=default,
+        timeouts=_timeouts(top.get("timeouts"), where),
+        source=where,
+    )
+
+
+def _box(raw: object, where: str, key: str) -> BoxConfig:
+    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle"), required=("name",))
+    name = _opt_str(d["name"], where, f"{key}.name")
+    if not name or any(c in name for c in " :,"):
+        _fail(where, f"{key}.name", "a non-empty name without spaces, ':' or ','", d["name"])
+    gpus = d.get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        _fail(where, f"{key}.gpus", "a whole number >= 0", gpus)
+    markers = tuple(_opt_str(m, where, f"{key}.required_markers[{j}]")
+                    for j, m in enumerate(_list(d.get("required_markers"), where, f"{key}.required_markers")))
+    if "required_markers" not in d and gpus:
+        markers = (CUDA_MARKER,)  # a GPU box gates the packed kernel unless told otherwise
+    lock = _opt_str(d.get("lock_path", "~/gpu.lock"), where, f"{key}.lock_path")
+    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"))
+
+
+def _idle(raw: object, where: str, key: str) -> IdlePolicy:
+    if raw is None:
+        return IdlePolicy()
+    d = _mapping(raw, where, key, ("max_util_pct", "on_busy"))
+    util = _number(d.get("max_util_pct", IdlePolicy.max_util_pct), where, f"{key}.max_util_pct")
+    on_busy = d.get("on_busy", IdlePolicy.on_busy)
+    if on_busy not in ON_BUSY:
+        _fail(where, f"{key}.on_busy", f"one of {ON_BUSY}", on_busy)
+    return IdlePolicy(util, on_busy)
+
+
+def _timeouts(raw: object, where: str) -> Timeouts:
+    if raw is None:
+        return Timeouts()
+    keys = tuple(Timeouts.__dataclass_fields__)
+    d = _mapping(raw, where, "timeouts", keys)
+    return Timeouts(**{k: _number(v, where, f"timeouts.{k}", positive=True) for k, v in d.items()})
+
+
+def _mapping(raw, where, key, allowed, required=()) -> dict:
+    if not isinstance(raw, dict):
+        _fail(where, key, "a mapping", raw)
+    for k in required:
+        if k not in raw:
+            raise ConfigError(f"{where}: {key}: missing key {k!r}")
+    for k in raw:
+        if k not in allowed:
+            raise ConfigError(f"{where}: {key}: unknown key {k!r} (allowed: {', '.join(allowed)})")
+    return raw
+
+
+def _list(v, where, key) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        _fail(where, key, "a list", v)
+    return v
+
+
+def _opt_str(v, where, key) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v):
+        _fail(where, key, "a non-empty string", v)
+    return v
+
+
+def _path(v, where, key, base: Path) -> Path | None:
+    s = _opt_str(v, where, key)
+    return None if s is None else base / Path(s).expanduser()
+
+
+def _number(v, where, key, positive=False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
+        _fail(where, key, "a positive number" if positive else "a number >= 0", v)
+    return float(v)
+
+
+def _fail(where: str, key: str, expected: str, found: object):
+    raise ConfigError(f"{where}: {key}: expected {expected}, found {found!r}")

@@ -1,0 +1,144 @@
+"""The job ledger: one SQLite (WAL) row per gate run, the run record of DESIGN.md stored whole as JSON.
+
+States: QUEUED -> RUNNING (box, Ray task id, heartbeat) -> PASSED | FAILED | ERROR | LOST. Only the head
+writes here; a box never touches the database. A result lands in one transaction together with the
+owed ledger's sync, so a reader sees either the whole result or the job still running.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+STATES = ("QUEUED", "RUNNING", "PASSED", "FAILED", "ERROR", "LOST")
+FINAL = ("PASSED", "FAILED", "ERROR", "LOST")
+REUSABLE = ("PASSED", "FAILED")  # an idempotent re-request returns these; ERROR/LOST are worth a retry
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY,
+  idem_key TEXT NOT NULL,
+  sha TEXT NOT NULL,
+  box TEXT NOT NULL,
+  state TEXT NOT NULL,
+  task_id TEXT,
+  heartbeat REAL,
+  created_at TEXT NOT NULL,
+  finished_at TEXT,
+  record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_idem ON runs (idem_key, state);
+"""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id(sha: str) -> str:
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{sha[:8]}-{secrets.token_hex(2)}"
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)  # transactions are explicit below
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.executescript(_SCHEMA)
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def insert_queued(conn: sqlite3.Connection, record: dict, idem_key: str) -> None:
+    record["state"] = "QUEUED"
+    with transaction(conn):
+        conn.execute(
+            "INSERT INTO runs (run_id, idem_key, sha, box, state, heartbeat, created_at, record)"
+            " VALUES (?, ?, ?, ?, 'QUEUED', ?, ?, ?)",
+            (record["run_id"], idem_key, record["head"]["sha"], record["box"]["name"], time.time(),
+             record["created_at"], json.dumps(record)))
+
+
+def mark_running(conn: sqlite3.Connection, record: dict, task_id: str) -> None:
+    record["state"] = "RUNNING"
+    with transaction(conn):
+        conn.execute("UPDATE runs SET state='RUNNING', task_id=?, heartbeat=?, record=? WHERE run_id=?",
+                     (task_id, time.time(), json.dumps(record), record["run_id"]))
+
+
+def beat(conn: sqlite3.Connection, run_id: str) -> None:
+    with transaction(conn):
+        conn.execute("UPDATE runs SET heartbeat=? WHERE run_id=? AND state IN ('QUEUED', 'RUNNING')",
+                     (time.time(), run_id))
+
+
+def finish(conn: sqlite3.Connection, record: dict, sync=None) -> None:
+    """Store the final record and, in the same transaction, `sync(conn, record)` (the owed ledger)."""
+    if record["state"] not in FINAL:
+        raise ValueError(f"run {record['run_id']}: finish() needs a final state, found {record['state']!r}")
+    with transaction(conn):
+        conn.execute("UPDATE runs SET state=?, finished_at=?, record=? WHERE run_id=?",
+                     (record["state"], record["finished_at"], json.dumps(record), record["run_id"]))
+        if sync is not None:
+            sync(conn, record)
+
+
+def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
+    """RUNNING/QUEUED rows whose head stopped beating (a killed head) become LOST. Returns their ids."""
+    cutoff = time.time() - stale_s
+    lost = []
+    with transaction(conn):
+        rows = conn.execute("SELECT run_id, record FROM runs WHERE state IN ('QUEUED', 'RUNNING')"
+                            " AND heartbeat < ?", (cutoff,)).fetchall()
+        for run_id, blob in rows:
+            rec = json.loads(blob)
+            rec.update(state="LOST", finished_at=utc_now(),
+                       error=f"no heartbeat from the head for over {stale_s:.0f} s: the head died mid-run")
+            conn.execute("UPDATE runs SET state='LOST', finished_at=?, record=? WHERE run_id=?",
+                         (rec["finished_at"], json.dumps(rec), run_id))
+            lost.append(run_id)
+    return lost
+
+
+def find_reusable(conn: sqlite3.Connection, idem_key: str) -> dict | None:
+    row = conn.execute("SELECT record FROM runs WHERE idem_key=? AND state IN ('PASSED', 'FAILED')"
+                       " ORDER BY created_at DESC, run_id DESC LIMIT 1", (idem_key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def get(conn: sqlite3.Connection, run_id: str) -> dict:
+    """The record of `run_id` (a unique prefix is enough); KeyError naming what matched."""
+    rows = conn.execute("SELECT run_id, record FROM runs WHERE run_id LIKE ? ORDER BY run_id",
+                        (run_id.replace("%", "") + "%",)).fetchall()
+    exact = [r for r in rows if r[0] == run_id]
+    if exact or len(rows) == 1:
+        return json.loads((exact or rows)[0][1])
+    if not rows:
+        raise KeyError(f"no run {run_id!r}")
+    raise KeyError(f"{run_id!r} is ambiguous: {', '.join(r[0] for r in rows[:5])}")
+
+
+def list_runs(conn: sqlite3.Connection, limit: int = 50) -> list[dict]:
+    rows = conn.execute("SELECT record FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?",
+                        (limit,)).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def state_of(conn: sqlite3.Connection, run_id: str) -> str | None:
+    row = conn.execute("SELECT state FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    return row[0] if row else None

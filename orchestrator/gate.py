@@ -1,0 +1,183 @@
+"""`run_gate`: gate one head on one box and record it. Callable from Python (the service calls it).
+
+Head side of the flow: provenance (archive + md5), the ledger row (QUEUED -> RUNNING -> final), Ray
+placement, the box's job (`job.py`), the record assembled from both ends, the report rendered, and
+the result stored in one transaction with the owed ledger. Errors before a row exists (bad config,
+unknown box or revision) raise; every later failure ends in a stored ERROR or LOST record.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Callable
+
+import ray
+
+from orchestrator import db
+from orchestrator.config import Config
+from orchestrator.job import JobSpec
+from orchestrator.placement import JobLost, PlacementError, check_box, start_ray, stream, submit
+from orchestrator.provenance import Archive, archive, read_member
+
+SCHEMA_VERSION = 1
+MANIFEST = "gates/gates.yaml"
+Progress = Callable[[dict], None]
+
+
+def exit_code(state: str) -> int:
+    return {"PASSED": 0, "FAILED": 1}.get(state, 2)
+
+
+def decide(record: dict) -> str:
+    """The final state from the record's contents (pure)."""
+    if record.get("error"):
+        return "ERROR"
+    suites = record.get("suites") or []
+    if any(s["state"] in ("RED", "TIMEOUT") for s in suites):
+        return "FAILED"
+    if any(p.get("state") == "SURVIVED" for p in record.get("mutations") or []):
+        return "FAILED"
+    if not (record.get("sacred") or {}).get("ok", True):
+        return "FAILED"
+    if not any(s["state"] == "GREEN" for s in suites):
+        record["error"] = "no gate suite ran on this box, so nothing was gated"
+        return "ERROR"
+    return "PASSED"
+
+
+def idempotency_key(arch: Archive, grid: str | None, box: str, config_digest: str, accept_sacred: bool = False) -> str:
+    """sha + gate set (the head's manifest, the grid, sacred acceptance) + box + config digest."""
+    manifest = read_member(arch.tarball, MANIFEST) or b"<no manifest>"
+    extra = f"\0grid={grid or ''}\0accept_sacred={accept_sacred}".encode()
+    gate_set = hashlib.sha256(manifest + extra).hexdigest()[:16]
+    return "|".join([arch.sha, gate_set, box, config_digest])
+
+
+def new_record(arch: Archive, box: str, run_id: str) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "run_id": run_id, "kind": "gate", "state": "QUEUED",
+            "head": {"rev": arch.rev, "sha": arch.sha, "repo": arch.repo},
+            "created_at": db.utc_now(), "finished_at": None,
+            "box": {"name": box, "node_id": None, "gpu": None, "backend": None},
+            "provenance": {"md5_head": arch.md5, "md5_box": None, "archive_bytes": len(arch.tarball)},
+            "lock": None, "idle": None, "sacred": None, "build": None, "versions": None, "suites": [], "mutations": [],
+            "grid": None, "residency": None, "not_run": [], "error": None, "timings": {}, "report_path": None}
+
+
+def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, grid: str | None = None,
+             force: bool = False, progress: Progress = lambda ev: None, address: str | None = None,
+             hooks: tuple[str, ...] = (), accept_sacred: bool = False) -> dict:
+    """Gate `rev` of `repo` on `box`; the stored record (an earlier identical one unless `force`)."""
+    t0 = time.monotonic()
+    box_cfg = config.box(box)
+    arch = archive(repo, rev)
+    archive_s = time.monotonic() - t0
+    progress({"event": "step", "step": "archive", "status": "done",
+              "detail": f"{arch.sha[:12]} {len(arch.tarball)} bytes md5 {arch.md5}"})
+    conn = db.connect(config.db_path)
+    try:
+        db.mark_stale_lost(conn, config.timeouts.stale_s)
+        key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred)
+        if not force and (done := db.find_reusable(conn, key)) is not None:
+            progress({"event": "reused", "run_id": done["run_id"], "state": done["state"]})
+            return done
+        record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        record["timings"]["archive_s"] = round(archive_s, 3)
+        db.insert_queued(conn, record, key)
+        spec = JobSpec(record["run_id"], arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
+                       config.timeouts.lock_s, config.timeouts.idle_wait_s,
+                       str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
+                       str(config.trusted_root) if config.trusted_root else None, accept_sacred)
+        _place_and_run(config, spec, arch, record, conn, progress, address or config.ray_address)
+        return _finish(config, conn, record, t0)
+    finally:
+        conn.close()
+
+
+def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
+    started_ray, gen = False, None
+    try:
+        started_ray = start_ray(address, spec.box)
+        check_box(spec.box.name)
+        t = time.monotonic()
+        ref = ray.put(arch.tarball)  # once: the box fetches it from the object store
+        put_s = time.monotonic() - t
+        gen = submit(spec, ref)
+
+        def on_event(ev: dict) -> None:
+            if ev["event"] == "started":
+                record["box"].update(name=ev["name"], node_id=ev["node_id"])
+                db.mark_running(conn, record, ev["task_id"])
+            progress(ev)
+        parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
+                       lambda: db.beat(conn, record["run_id"]), on_event)
+        _merge(record, parts, put_s)
+    except PlacementError as e:
+        record["error"] = str(e)
+    except JobLost as e:
+        record["state"], record["error"] = "LOST", str(e)
+    except ray.exceptions.TaskCancelledError:
+        record["error"] = "the job was cancelled"
+    except KeyboardInterrupt:  # Ctrl-C: cancel the box's job (its process groups die), store ERROR
+        if gen is not None:
+            ray.cancel(gen)
+        record["error"] = "interrupted on the head; the job was cancelled"
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _merge(record: dict, parts: dict, put_s: float) -> None:
+    timings = parts.pop("timings", {})
+    record["box"].update(parts.pop("box"))
+    record["provenance"].update(parts.pop("provenance", {}))
+    record["not_run"].extend(parts.pop("not_run", []))
+    record.update(parts)
+    record["timings"].update({k: v for k, v in timings.items() if k != "fetch_s"})
+    record["timings"]["transfer_s"] = round(put_s + timings.get("fetch_s", 0.0), 3)
+
+
+def _finish(config: Config, conn, record: dict, t0: float) -> dict:
+    if record["state"] != "LOST":
+        record["state"] = decide(record)
+    record["finished_at"] = db.utc_now()
+    record["timings"]["total_s"] = round(time.monotonic() - t0, 3)
+    record["report_path"] = _render(record, config.reports_dir)
+    db.finish(conn, record, sync=_owed_sync())
+    _render_index(conn, config.reports_dir, record)
+    return record
+
+
+def _render(record: dict, reports_dir) -> str | None:
+    try:
+        from orchestrator.report import render_run
+    except ModuleNotFoundError:
+        record["not_run"].append({"what": "HTML report", "why": "orchestrator.report is not installed"})
+        return None
+    try:
+        return str(render_run(record, reports_dir))
+    except Exception as e:  # a report bug must not lose a gate result
+        record["not_run"].append({"what": "HTML report", "why": f"rendering failed: {type(e).__name__}: {e}"})
+        return None
+
+
+def _owed_sync():
+    try:
+        from orchestrator.owed import sync_from_record
+    except ModuleNotFoundError:
+        return None
+    return sync_from_record
+
+
+def _render_index(conn, reports_dir, record: dict) -> None:
+    try:
+        from orchestrator.report import render_index
+    except ModuleNotFoundError:
+        return
+    try:
+        if record.get("report_path"):  # again, now with the open owed-ledger items of this head (synced in finish)
+            from orchestrator.owed import list_open
+            from orchestrator.report import render_run
+            render_run(record, reports_dir, owed=list_open(conn, record["head"]["sha"]))
+        render_index(db.list_runs(conn, 500), reports_dir)
+    except Exception:  # the index is a convenience; the run's own page and row are already written
+        pass

@@ -1,0 +1,225 @@
+"""The HTTP front of `orchestrator serve`: the reports, and a small JSON API over the job ledger.
+
+    GET  /                   the reports index (newest first)
+    GET  /<run_id>.html      one run's report (the index links here)
+    GET  /api/runs           {"runs": [summary...]}   ?limit=N (1..1000, default 50)
+    GET  /api/runs/<id>      the stored run record
+    GET  /api/owed           {"owed": [item...]}      ?head=SHA
+    POST /api/gate           {"head": REV, "box": NAME, "grid": SPEC?, "force": false?} -> the run id
+
+Errors are JSON `{"error": message}` with a 4xx status, and a rejected request queues nothing: 400 bad
+input (malformed JSON, a missing or mistyped field, an unknown revision or box), 404 unknown route or
+run, 405 wrong method, 411 no Content-Length, 413 a body over MAX_BODY, 415 a POST that is not JSON.
+
+Standard library only. The server knows nothing of git, Ray or SQLite: every answer comes from a
+`Backend` the service passes in, so this file is tested against a fake one.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger("regate.http")
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470
+MAX_BODY = 64 * 1024
+_DRAIN_MAX = 16 * MAX_BODY  # read (and drop) this much of an oversize body so the 413 reaches the client
+_GATE_KEYS = {"head": str, "box": str, "grid": str, "force": bool}
+_RUN_PAGE = re.compile(r"^/([A-Za-z0-9._-]+)\.html$")
+_RUN_API = re.compile(r"^/api/runs/([A-Za-z0-9._-]+)$")
+
+
+class HttpError(Exception):
+    """A request the API refuses; the status is 4xx and the message says what was wrong."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class BadRequest(HttpError):
+    def __init__(self, message: str):
+        super().__init__(HTTPStatus.BAD_REQUEST, message)
+
+
+class NotFound(HttpError):
+    def __init__(self, message: str):
+        super().__init__(HTTPStatus.NOT_FOUND, message)
+
+
+class Backend(Protocol):
+    def runs(self, limit: int) -> list[dict]: ...
+    def run(self, run_id: str) -> dict: ...  # NotFound when unknown
+    def owed(self, head: str | None) -> list[dict]: ...
+    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[dict, bool]:
+        """(the run record, whether it was newly queued); BadRequest for an unknown revision or box."""
+    def index_html(self) -> str: ...
+    def report_html(self, run_id: str) -> str: ...  # NotFound when unknown
+
+
+def summary(record: dict) -> dict:
+    """The part of a run record a list shows; the whole record is one GET /api/runs/<id> away."""
+    head, box, grid = record.get("head") or {}, record.get("box") or {}, record.get("grid") or {}
+    return {"run_id": record.get("run_id"), "state": record.get("state"), "kind": record.get("kind"),
+            "head": {"rev": head.get("rev"), "sha": head.get("sha")}, "box": box.get("name"),
+            "grid": grid.get("spec"), "created_at": record.get("created_at"),
+            "finished_at": record.get("finished_at"), "error": record.get("error"),
+            "report": f"/{record.get('run_id')}.html", "api": f"/api/runs/{record.get('run_id')}"}
+
+
+def parse_gate_request(body: bytes) -> dict:
+    """The POST /api/gate body -> {"head", "box", "grid", "force"}; BadRequest naming the field."""
+    try:
+        req = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(f"body: malformed JSON ({e})") from None
+    if not isinstance(req, dict):
+        raise BadRequest(f"body: expected a JSON object, found {type(req).__name__}")
+    unknown = sorted(set(req) - set(_GATE_KEYS))
+    if unknown:
+        raise BadRequest(f"body: unknown field {unknown[0]!r} (expected {', '.join(_GATE_KEYS)})")
+    if "head" not in req:
+        raise BadRequest("body: missing field 'head' (a git revision)")
+    for key, typ in _GATE_KEYS.items():
+        v = req.get(key)
+        if v is not None and (not isinstance(v, typ) or (typ is str and not v.strip())):
+            raise BadRequest(f"body: field {key!r}: expected a non-empty {typ.__name__}, found {v!r}")
+    return {"head": req["head"], "box": req.get("box"), "grid": req.get("grid"),
+            "force": bool(req.get("force", False))}
+
+
+def _limit(query: dict) -> int:
+    raw = query.get("limit", ["50"])[-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise BadRequest(f"limit: expected a whole number 1..1000, found {raw!r}")
+    return int(raw)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "regate"
+    timeout = 30  # a client that stalls mid-request frees its thread instead of holding it forever
+
+    @property
+    def backend(self) -> Backend:
+        return self.server.backend  # type: ignore[attr-defined]
+
+    def do_GET(self) -> None:
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    def do_PUT(self) -> None:
+        self._answer(self._wrong_method)
+
+    do_DELETE = do_PATCH = do_PUT
+
+    def _answer(self, route) -> None:
+        try:
+            status, body, ctype = route(urlsplit(self.path))
+        except HttpError as e:
+            status, body, ctype = e.status, {"error": str(e)}, "json"
+        except Exception as e:  # a bug behind the API: say so in JSON, keep serving
+            log.exception("%s %s", self.command, self.path)
+            status, body, ctype = 500, {"error": f"internal error: {type(e).__name__}: {e}"}, "json"
+        self._send(status, body, ctype)
+
+    def _get(self, url) -> tuple[int, Any, str]:
+        query, path = parse_qs(url.query), url.path
+        if path in ("/", "/index.html"):
+            return 200, self.backend.index_html(), "html"
+        if path == "/api/runs":
+            return 200, {"runs": [summary(r) for r in self.backend.runs(_limit(query))]}, "json"
+        if path == "/api/owed":
+            return 200, {"owed": self.backend.owed(query.get("head", [None])[-1])}, "json"
+        if m := _RUN_API.match(path):
+            return 200, self.backend.run(m.group(1)), "json"
+        if (m := _RUN_PAGE.match(path)) and m.group(1) != "index":
+            return 200, self.backend.report_html(m.group(1)), "html"
+        if path == "/api/gate":
+            raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, "/api/gate: use POST")
+        raise NotFound(f"no route {path!r}")
+
+    def _post(self, url) -> tuple[int, Any, str]:
+        if url.path != "/api/gate":
+            if url.path in ("/", "/api/runs", "/api/owed") or _RUN_API.match(url.path):
+                raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{url.path}: use GET")
+            raise NotFound(f"no route {url.path!r}")
+        req = parse_gate_request(self._read_body())
+        record, created = self.backend.queue_gate(req["head"], req["box"], req["grid"], req["force"])
+        return (202 if created else 200), {**summary(record), "queued": created}, "json"
+
+    def _wrong_method(self, url) -> tuple[int, Any, str]:
+        raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not supported")
+
+    def _read_body(self) -> bytes:
+        # A JSON content type also keeps a cross-site form post out: it needs a CORS preflight we refuse.
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise HttpError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                            f"Content-Type: expected application/json, found {ctype or 'none'!r}")
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            raise HttpError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not accepted; send Content-Length")
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            raise HttpError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
+        if not raw.strip().isdigit():
+            raise BadRequest(f"Content-Length: expected a whole number, found {raw!r}")
+        n = int(raw)
+        if n > MAX_BODY:
+            self._drain(n)
+            raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body: {n} bytes, at most {MAX_BODY}")
+        return self.rfile.read(n)
+
+    def _drain(self, n: int) -> None:
+        """Drop an oversize body so closing the socket does not reset it before the client reads the 413."""
+        left = min(n, _DRAIN_MAX)
+        while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
+            left -= len(chunk)
+        if n > _DRAIN_MAX:
+            self.close_connection = True
+
+    def _send(self, status: int, body: Any, ctype: str) -> None:
+        if ctype == "json":
+            data, mime = (json.dumps(body, indent=1) + "\n").encode(), "application/json; charset=utf-8"
+        else:
+            data, mime = body.encode("utf-8"), "text/html; charset=utf-8"
+        self.send_response(status)
+        self.send_header("Content-Type", mime)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, fmt: str, *args) -> None:
+        log.info("%s " + fmt, self.address_string(), *args)
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True  # a stuck client never keeps the process alive at shutdown
+    block_on_close = False
+
+    def __init__(self, backend: Backend, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT):
+        self.backend = backend
+        super().__init__((host, port), Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+def serve_in_thread(server: ApiServer) -> threading.Thread:
+    """Serve on a background thread; stop with `server.shutdown(); server.server_close()`."""
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                         name="regate-http", daemon=True)
+    t.start()
+    return t

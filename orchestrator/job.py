@@ -1,0 +1,169 @@
+"""The job body that runs on a box: verify, unpack, build, lock, idle check, suites, pins, grid.
+
+Plain Python over plain data: Ray stays in `placement.py`, which runs this in a task and streams the
+events it emits back to the head. The result is the box's part of the run record; a failure of the
+infrastructure (md5, build, lock, idle, manifest) ends the job with `error` set and no gate run. The
+box lock is held from the idle check to the end of the last gate and released on every exit path.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from gates.manifest import ManifestError, load_manifest
+from gates.sacred import check_sacred
+from orchestrator import idle
+from orchestrator.build import BuildError, build
+from orchestrator.config import BoxConfig
+from orchestrator.grid_job import GridJobError, run_tree_grid
+from orchestrator.lock import LockTimeout, box_lock
+from orchestrator.provenance import md5_of, unpack
+from orchestrator.suites import NO_GPU, not_run, run_suite
+
+Emit = Callable[[dict], None]
+HOOK_CORRUPT = "corrupt_tarball"  # test hook: flip one byte after the transfer, as a bad link would
+
+
+class JobError(Exception):
+    """The box refuses to gate: infrastructure, not a red gate."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    run_id: str
+    sha: str
+    md5_head: str
+    box: BoxConfig
+    build_timeout_s: float
+    lock_timeout_s: float
+    idle_wait_s: float
+    work_dir: str | None = None
+    grid: str | None = None
+    hooks: tuple[str, ...] = ()
+    trusted_root: str | None = None  # whose gates.yaml judges sacred suites; None: the box's regate
+    accept_sacred: bool = False
+
+
+def versions() -> dict:
+    def v(dist):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return {"python": platform.python_version(), "torch": v("torch"), "triton": v("triton"), "ray": v("ray")}
+
+
+def run_job(spec: JobSpec, identity: dict, fetch: Callable[[], tuple[bytes, float]], emit: Emit,
+            cancelled: Callable[[], bool] = lambda: False) -> dict:
+    """The box's part of the record. Never raises: an unexpected exception becomes `error`."""
+    gpus = idle.gpus()
+    parts = {"box": {**identity, "gpu": ", ".join(g.name for g in gpus) or None,
+                     "backend": "cuda" if gpus else "cpu"},
+             "versions": versions(), "suites": [], "mutations": [], "grid": None, "not_run": [],
+             "error": None, "timings": {}}
+    if not gpus:
+        parts["not_run"].append({"what": "CUDA gates", "why": NO_GPU})
+    try:
+        _verified_and_gated(spec, fetch, emit, cancelled, parts, bool(gpus))
+    except (JobError, BuildError, LockTimeout, ManifestError, GridJobError) as e:
+        parts["error"] = str(e)
+    except Exception:
+        parts["error"] = "job crashed on the box:\n" + traceback.format_exc(limit=8)
+    return parts
+
+
+def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
+    tarball, fetch_s = fetch()
+    if HOOK_CORRUPT in spec.hooks:
+        tarball = bytes([tarball[0] ^ 0xFF]) + tarball[1:]
+    md5_box = md5_of(tarball)
+    parts["provenance"] = {"md5_box": md5_box, "archive_bytes": len(tarball)}
+    parts["timings"]["fetch_s"] = round(fetch_s, 3)
+    if md5_box != spec.md5_head:
+        raise JobError(f"md5 mismatch: the head archived {spec.md5_head}, the box received {md5_box}; "
+                       "refusing to gate bytes that are not the head's")
+    work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
+    try:
+        tree = unpack(tarball, work / "tree")
+        emit({"event": "step", "step": "build", "status": "start"})
+        b = build(tree, spec.box.required_markers, spec.build_timeout_s, cancelled)
+        parts["build"], parts["timings"]["build_s"] = b, b["duration_s"]
+        emit({"event": "step", "step": "build", "status": "done", "detail": "; ".join(b["markers"]) or "no markers"})
+        if b["missing"]:
+            raise JobError(f"degraded build: required marker(s) missing: {', '.join(b['missing'])} "
+                           f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
+        manifest = load_manifest(tree)
+        parts["sacred"] = _sacred(tree, spec)
+        _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu) -> None:
+    emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
+    on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
+    with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, cancelled) as held:
+        parts["lock"], parts["timings"]["lock_wait_s"] = held, held["wait_s"]
+        emit({"event": "step", "step": "lock", "status": "done", "detail": f"waited {held['wait_s']:.1f} s"})
+        pol = spec.box.idle
+        on_busy = lambda msg: emit({"event": "step", "step": "idle", "status": "waiting", "detail": msg})  # noqa: E731
+        parts["idle"] = idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy)
+        if parts["idle"]["checked"] and not parts["idle"]["idle"]:
+            raise JobError(f"box {spec.box.name} is not idle: {parts['idle']['detail']}")
+        t = time.monotonic()
+        parts["suites"] = _suites(tree, manifest, emit, cancelled, parts, has_gpu)
+        for s in parts["suites"]:
+            s["sacred_modified"] = s["name"] in parts["sacred"]["modified"]
+        if manifest.mutations == "on_gate":
+            parts["mutations"] = _pins(tree, emit, parts)
+        parts["timings"]["gates_s"] = round(time.monotonic() - t, 3)
+        if spec.grid:
+            t = time.monotonic()
+            parts["grid"] = run_tree_grid(tree, spec.grid, emit)
+            parts["timings"]["grid_s"] = round(time.monotonic() - t, 3)
+
+
+def _suites(tree, manifest, emit, cancelled, parts, has_gpu) -> list[dict]:
+    out = []
+    for suite in manifest.suites:
+        if "cuda" in suite.needs and not has_gpu:
+            out.append(not_run(suite, NO_GPU))
+            parts["not_run"].append({"what": f"suite {suite.name}", "why": NO_GPU})
+            continue
+        if cancelled():
+            out.append(not_run(suite, "cancelled"))
+            continue
+        on_start = lambda pid, s=suite: emit({"event": "suite", "suite": s.name, "status": "start", "pid": pid})  # noqa: E731
+        rec = run_suite(tree, suite, cancelled, on_start)
+        emit({"event": "suite", "suite": suite.name, "status": rec["state"],
+              "detail": f"{rec['tests_passed']}/{rec['tests_total']} tests, "
+                        f"{rec['checks_passed']}/{rec['checks_total']} checks"})
+        out.append(rec)
+    return out
+
+
+def _pins(tree, emit, parts) -> list[dict]:
+    try:
+        from gates.mutate import run_pins
+    except ModuleNotFoundError:
+        parts["not_run"].append({"what": "mutation pins", "why": "gates.mutate is not installed on this box"})
+        return []
+    emit({"event": "step", "step": "mutations", "status": "start"})
+
+    def on_pin(r: dict) -> None:
+        emit({"event": "step", "step": f"pin {r.get('pin')}", "status": r.get("state"), "detail": r.get("detail", "")})
+    return list(run_pins(tree, progress=on_pin))
+
+
+def _sacred(tree: Path, spec: JobSpec) -> dict:
+    """Sacred suites judged against the trusted manifest (the box's regate, or the configured root)."""
+    check = check_sacred(tree, spec.trusted_root, spec.accept_sacred)
+    return {"ok": check.ok, "accepted": check.accepted, "modified": list(check.modified),
+            "message": check.message()}

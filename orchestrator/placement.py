@@ -1,0 +1,155 @@
+"""Ray at the edge: start or join Ray, check a box is there, run the job pinned to it, stream events.
+
+A box is a Ray node carrying the custom resource `box:NAME` (quantity 1, so a box runs one gate at a
+time) and the label `box=NAME`. The job is a streaming-generator task asking for `box:NAME` and the
+box's GPUs, with `max_retries=0`: whether to retry is the service's decision, never Ray's. A box that
+is absent never hangs the head: it is refused up front, and a job a free box does not start within the
+scheduling timeout is cancelled with a message naming the box.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Callable, Iterator
+
+import ray
+import ray.exceptions
+
+from orchestrator.config import BoxConfig
+from orchestrator.job import JobSpec, run_job
+
+
+class PlacementError(Exception):
+    """The job could not be placed on its box (missing, offline, or unable to start it)."""
+
+
+class JobLost(Exception):
+    """The box died under the job (worker or node killed): the result is unknown."""
+
+
+def start_ray(address: str | None, box: BoxConfig) -> bool:
+    """Join `address` (or $RAY_ADDRESS), else start a local Ray that is this one box. True if started
+    here (the caller shuts it down). An already-initialized Ray (a service, a test) is reused."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise PlacementError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+    else:
+        ray.init(address="local", num_cpus=2, num_gpus=box.gpus, resources={box_resource(box.name): 1},
+                 labels={"box": box.name}, **quiet)
+    return True
+
+
+def box_resource(name: str) -> str:
+    return f"box:{name}"
+
+
+def cluster_boxes(resources: dict[str, float]) -> list[str]:
+    return sorted(k[len("box:"):] for k in resources if k.startswith("box:"))
+
+
+def check_box(name: str) -> None:
+    boxes = cluster_boxes(ray.cluster_resources())
+    if name not in boxes:
+        raise PlacementError(f"box {name!r} is not in the Ray cluster (boxes there: {', '.join(boxes) or 'none'})")
+
+
+def whoami() -> dict:
+    """On the worker: the box this node really is, from the node's own resources, not the request."""
+    ctx = ray.get_runtime_context()
+    node_id = ctx.get_node_id()
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
+    boxes = cluster_boxes(node.get("Resources", {}))
+    return {"name": ",".join(boxes) or None, "node_id": node_id, "labels": node.get("Labels", {}),
+            "task_id": ctx.get_task_id(), "pid": os.getpid()}
+
+
+@ray.remote
+def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
+    ident = whoami()
+    yield {"event": "started", **ident}
+    events: queue.Queue = queue.Queue()
+    cancel = threading.Event()
+
+    def fetch() -> tuple[bytes, float]:
+        t = time.monotonic()
+        return ray.get(tar_refs[0]), time.monotonic() - t
+
+    def body() -> None:
+        box = {k: ident[k] for k in ("name", "node_id", "labels")}
+        events.put({"event": "result", "parts": run_job(spec, box, fetch, events.put, cancel.is_set)})
+    worker = threading.Thread(target=body, name=f"gate-{spec.run_id}", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ev = events.get()
+            yield ev
+            if ev["event"] == "result":
+                return
+    except BaseException:  # ray.cancel lands here: stop the job, kill its process groups
+        cancel.set()
+        worker.join(timeout=60)
+        raise
+
+
+def submit(spec: JobSpec, tarball_ref) -> "ray.ObjectRefGenerator":
+    opts = dict(resources={box_resource(spec.box.name): 1}, num_gpus=spec.box.gpus, num_cpus=1,
+                max_retries=0, name=f"gate:{spec.run_id}")
+    return _gate_task.options(**opts).remote(spec, [tarball_ref])
+
+
+def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], None],
+           on_event: Callable[[dict], None]) -> dict:
+    """Drive the job: pass events to `on_event`, call `tick` (the heartbeat) every `tick_s`, return the
+    box's record parts. PlacementError when the box never starts it; JobLost when the box dies."""
+    started, t0 = False, time.monotonic()
+    while True:
+        ready, _ = ray.wait([gen], timeout=tick_s)
+        tick()
+        if not ready:
+            if not started:
+                _check_still_schedulable(gen, box, time.monotonic() - t0, schedule_s, on_event)
+            continue
+        ev = _next_event(gen)
+        started = True
+        if ev["event"] == "result":
+            return ev["parts"]
+        on_event(ev)
+
+
+def _next_event(gen) -> dict:
+    try:
+        return ray.get(next(gen))
+    except StopIteration:
+        raise JobLost("the job ended without a result") from None
+    except ray.exceptions.TaskCancelledError:
+        raise
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)):
+            raise JobLost(f"the box died under the job: {e.cause}") from None
+        raise PlacementError(f"the job failed on the box: {e}") from None
+    except ray.exceptions.RayError as e:  # worker crashed, node died, object lost, owner died
+        raise JobLost(f"the box died under the job: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _check_still_schedulable(gen, box: str, waited: float, schedule_s: float, on_event) -> None:
+    key = box_resource(box)
+    if key not in ray.cluster_resources():
+        ray.cancel(gen, force=True)
+        raise PlacementError(f"box {box!r} went offline before it started the job")
+    busy = ray.available_resources().get(key, 0) < 1
+    if busy:  # another gate holds the box: that is queueing, not an offline box
+        on_event({"event": "step", "step": "queue", "status": "waiting",
+                  "detail": f"box {box} is running another job; queued {waited:.0f} s"})
+        return
+    if waited > schedule_s:
+        ray.cancel(gen, force=True)
+        raise PlacementError(f"box {box!r} is free but did not start the job within {schedule_s:.0f} s: "
+                             "it is unreachable or cannot satisfy the request (GPUs, CPUs)")

@@ -1,0 +1,151 @@
+"""Split a run record's grid verdicts into what is established and what is owed.
+
+This is the one place that decides which claims a report may make. A direction is established only
+when its verdict says `established`; a magnitude only when it is `binding`. Everything else (an
+indicated direction, overlapping legs, an owed magnitude) is owed, with the reason and the legs
+estimated to settle it. The report, the Markdown body and the owed ledger all read these lists, so
+an owed item can never slip under Established in one of them and not the others.
+"""
+from __future__ import annotations
+
+from orchestrator.report.errors import ReportError
+
+
+def _flat(params: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in params.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def cell_key(cell: dict) -> str:
+    """The identity of a grid cell: every parameter (nested ones dotted) sorted, the label left out,
+    e.g. `batch=1 checkpoint.preset=27b gen_len=32 prompt_len=128`. The ledger keys rows by it."""
+    if not isinstance(cell, dict) or not cell:
+        raise ReportError(f"grid cell: expected a non-empty mapping of parameters, found {cell!r}")
+    flat = _flat({k: v for k, v in cell.items() if k != "label"})
+    return " ".join(f"{k}={flat[k]}" for k in sorted(flat))
+
+
+def cell_label(cell: dict) -> str:
+    """What people call the cell: the spec's label, else its key."""
+    return str(cell.get("label") or cell_key(cell))
+
+
+def grid_cells(record: dict) -> list[dict]:
+    """The record's grid cells, or [] when no grid ran."""
+    grid = record.get("grid")
+    if not grid:
+        return []
+    cells = grid.get("cells")
+    if not isinstance(cells, list):
+        raise ReportError(f"run {record.get('run_id')}: grid.cells: expected a list, found {type(cells).__name__}")
+    return cells
+
+
+def _arms(verdict: dict, cell: dict) -> dict[str, dict]:
+    arms = verdict.get("arms") or {}
+    if not arms:  # fall back to the runner's raw legs when the verdict carries no per-arm summary
+        arms = {name: {"legs": a.get("legs", [])} for name, a in (cell.get("arms") or {}).items()}
+    return arms
+
+
+def _pair(direction: dict, arms: dict) -> tuple[str, str]:
+    """(winner, loser); with no winner, the arms in their recorded order."""
+    names = list(arms)
+    winner = direction.get("winner")
+    if winner in arms and len(names) == 2:
+        return winner, next(n for n in names if n != winner)
+    padded = names + ["?", "?"]
+    return padded[0], padded[1]
+
+
+def _pct(x) -> str:
+    return "?" if x is None else f"{x:.3g}"
+
+
+def cell_claims(cell: dict) -> tuple[list[dict], list[dict]]:
+    """(established, owed) claims of one grid cell; each claim is a plain dict the templates render."""
+    key, label = cell_key(cell.get("cell") or {}), cell_label(cell.get("cell") or {})
+    verdict = cell.get("verdict")
+    if verdict is None:  # an interrupted grid keeps cells no leg reached
+        return [], [_unmeasured(cell, key, label)]
+    if not isinstance(verdict, dict):
+        raise ReportError(f"grid cell {key}: verdict: expected grids.verdict.judge output, found {verdict!r}")
+    direction, magnitude = verdict.get("direction") or {}, verdict.get("magnitude") or {}
+    arms = _arms(verdict, cell)
+    winner, loser = _pair(direction, arms)
+    base = {"cell": key, "label": label, "winner": winner, "loser": loser,
+            "legs": {name: list(a.get("legs", [])) for name, a in arms.items()},
+            "ratio": magnitude.get("ratio"), "ci": magnitude.get("ci"), "p": direction.get("p")}
+    established, owed = [], []
+    d_state = direction.get("state")
+    rule = (verdict.get("policy") or {}).get("rule", "rank")
+    if d_state == "established":
+        established.append({**base, "what": "direction", "state": d_state,
+                            "text": f"{winner} ahead of {loser} (rule {rule}; rank-test p = {_pct(base['p'])})"})
+    elif d_state == "indicated":
+        owed.append({**base, "what": "direction", "state": d_state, "legs_needed": direction.get("legs_needed"),
+                     "reasons": [f"{winner} ahead in every leg but p = {_pct(base['p'])} is not significant"],
+                     "text": f"{winner} ahead of {loser}, NOT established"})
+    else:
+        owed.append({**base, "what": "direction", "state": d_state or "missing", "legs_needed": None,
+                     "reasons": ["the legs overlap: no winner" if d_state == "none" else "no direction recorded"],
+                     "text": f"no direction between {winner} and {loser}"})
+    m_state = magnitude.get("state")
+    if m_state == "binding":
+        established.append({**base, "what": "magnitude", "state": m_state,
+                            "text": f"{winner} / {loser} = {_ratio_text(magnitude)}"})
+    else:
+        reasons = list(magnitude.get("reasons") or ["no binding verdict recorded"])
+        owed.append({**base, "what": "magnitude", "state": m_state or "missing", "reasons": reasons,
+                     "legs_needed": magnitude.get("legs_needed"),
+                     "text": f"{winner} / {loser} = {_ratio_text(magnitude)}, NOT binding"})
+    return established, owed
+
+
+def _unmeasured(cell: dict, key: str, label: str) -> dict:
+    arms = _arms({}, cell)
+    names = list(arms) + ["?", "?"]
+    return {"cell": key, "label": label, "winner": names[0], "loser": names[1], "what": "magnitude",
+            "state": "not measured", "legs": {n: list(a["legs"]) for n, a in arms.items()}, "ratio": None,
+            "ci": None, "p": None, "reasons": ["no verdict: the grid stopped before this cell was judged"],
+            "legs_needed": None, "text": "not measured"}
+
+
+def _ratio_text(magnitude: dict) -> str:
+    ratio, ci = magnitude.get("ratio"), magnitude.get("ci")
+    if ratio is None:
+        return "?"
+    if ci and len(ci) == 2 and None not in ci:
+        return f"{ratio:.4f} [95% CI {ci[0]:.4f}, {ci[1]:.4f}]"
+    return f"{ratio:.4f}"
+
+
+def claims(record: dict) -> tuple[list[dict], list[dict]]:
+    """(established, owed) over every grid cell of the record."""
+    established, owed = [], []
+    for cell in grid_cells(record):
+        e, o = cell_claims(cell)
+        established += e
+        owed += o
+    return established, owed
+
+
+def not_run(record: dict) -> list[dict]:
+    """Everything configured but not run, from the record; a non-CUDA box says so plainly."""
+    items = [dict(i) for i in record.get("not_run") or []]
+    for s in record.get("suites") or []:
+        names = {s.get("name"), f"suite {s.get('name')}"}
+        if s.get("state") == "NOT_RUN" and not any(i.get("what") in names for i in items):
+            items.append({"what": f"suite {s.get('name')}", "why": s.get("why") or "not run"})
+    grid = record.get("grid") or {}
+    if grid and grid.get("complete") is False:
+        items.append({"what": f"grid {grid.get('spec', '?')}",
+                      "why": "interrupted before its last leg: only the legs it finished are judged"})
+    box = record.get("box") or {}
+    mentions_cuda = any("cuda" in f"{i.get('what')} {i.get('why')}".lower() for i in items)
+    if box.get("backend") and box.get("backend") != "cuda" and not mentions_cuda:
+        items.append({"what": "no CUDA gate was run",
+                      "why": f"this box has no GPU (backend {box.get('backend')})"})
+    return items

@@ -1,0 +1,76 @@
+"""Per-cell plots as inline SVG (matplotlib, no pyplot state, no files, no network).
+
+Left: each arm's legs as points, the spread as a bar from the slowest to the fastest leg, the median
+as a tick. Right: the ratio of medians with its 95% interval against the tolerance band around the
+estimate; the magnitude is binding only when the interval sits inside the band.
+"""
+from __future__ import annotations
+
+import io
+import re
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")  # before any backend is touched; reports render on headless boxes
+from matplotlib.figure import Figure  # noqa: E402
+
+_BINDING, _OWED, _BAND = "#2b7a3d", "#b5651d", "#cfe8d5"
+
+
+def _svg(fig: Figure, salt: str) -> str:
+    buf = io.StringIO()
+    # A salt per plot keeps the SVG ids of several inlined plots apart, and the output reproducible.
+    with matplotlib.rc_context({"svg.hashsalt": salt, "svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = re.sub(r"^.*?(?=<svg)", "", buf.getvalue(), flags=re.S)  # drop the XML prolog and doctype
+    # Inline SVG in HTML5 needs no namespaces and no RDF metadata: the page names no URL at all.
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
+    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
+
+
+def _legs_axes(ax, arms: dict[str, dict]) -> None:
+    names = list(arms)
+    for y, name in enumerate(names):
+        legs = arms[name]["legs"]
+        if not legs:
+            continue
+        lo, hi = min(legs), max(legs)
+        ax.hlines(y, lo, hi, color="#888", lw=6, alpha=0.35)
+        ax.plot(legs, [y] * len(legs), "o", color="#1f4e79", ms=6, zorder=3)
+        med = arms[name].get("median") or statistics.median(legs)
+        ax.plot([med], [y], "|", color="k", ms=16, mew=2, zorder=4)
+        ax.annotate(f"spread {(hi - lo) / lo:.2%}", (hi, y), xytext=(6, 6), textcoords="offset points",
+                    fontsize=8, color="#444")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(-0.7, len(names) - 0.3)
+    ax.margins(x=0.25)
+    ax.set_xlabel("decode tok/s per leg")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _ratio_axes(ax, claim: dict, tolerance: float, binding: bool) -> None:
+    ratio, ci = claim["ratio"], claim.get("ci")
+    ax.axvspan(ratio * (1 - tolerance), ratio * (1 + tolerance), color=_BAND, label=f"±{tolerance:.0%} band")
+    color = _BINDING if binding else _OWED
+    if ci and None not in ci:
+        ax.errorbar([ratio], [0], xerr=[[ratio - ci[0]], [ci[1] - ratio]], fmt="D", color=color,
+                    capsize=6, lw=2, label="ratio, 95% CI")
+    else:
+        ax.plot([ratio], [0], "D", color=color, label="ratio")
+    ax.axvline(1.0, color="#999", ls="--", lw=1)
+    ax.set_yticks([])
+    ax.set_xlabel(f"{claim['winner']} / {claim['loser']}")
+    ax.set_title("binding" if binding else "owed: not binding", color=color, fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
+
+
+def cell_plot(arms: dict[str, dict], claim: dict | None, tolerance: float, binding: bool, salt: str) -> str:
+    """SVG text for one cell: legs and spread per arm, and the ratio against the tolerance band."""
+    with_ratio = claim is not None and claim.get("ratio") is not None
+    fig = Figure(figsize=(9.0 if with_ratio else 5.5, 1.3 + 0.6 * max(len(arms), 2)), layout="constrained")
+    axes = fig.subplots(1, 2, width_ratios=[3, 2]) if with_ratio else [fig.subplots()]
+    _legs_axes(axes[0], arms)
+    if with_ratio:
+        _ratio_axes(axes[1], claim, tolerance, binding)
+    return _svg(fig, salt)

@@ -1,0 +1,104 @@
+"""Render a run record to a self-contained HTML page or a Markdown PR body, and the index of runs.
+
+Files are written atomically (temp + rename) so a reader never sees half a report.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import jinja2
+
+from orchestrator.report import view
+from orchestrator.report.errors import ReportError
+
+_TEMPLATES = Path(__file__).with_name("templates")
+GIB = 2**30
+
+
+def _num(x, digits=3):
+    return "—" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _oneline(text, limit: int = 300) -> str:
+    """One line for a Markdown list item or table cell; the HTML page keeps a traceback whole."""
+    line = " ".join(str(text or "").split()).replace("|", "\\|")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _filters() -> dict:
+    return {
+        "gib": lambda b: "—" if b is None else f"{b / GIB:.3f} GiB",
+        "dgib": lambda b: "—" if b is None else f"{b / GIB:+.2f} GiB",
+        "pct": lambda x: "—" if x is None else f"{x:.2%}",
+        "num": _num,
+        "legs": lambda legs: ", ".join(f"{v:.3f}" for v in legs),
+        "ci": lambda ci: "—" if not ci or None in ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
+        "secs": lambda s: "—" if s is None else f"{s:.1f} s",
+        "data_uri": view.data_uri,
+        "oneline": _oneline,
+    }
+
+
+def _env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update(_filters())
+    return env
+
+
+_HTML, _MD = _env(True), _env(False)
+
+
+def report_name(run_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(run_id)) + ".html"
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def html(record: dict, owed: list[dict] | None = None) -> str:
+    return _HTML.get_template("run.html.j2").render(v=view.build(record, owed))
+
+
+def render_run(record: dict, reports_dir, owed: list[dict] | None = None) -> Path:
+    """Write `<reports_dir>/<run_id>.html`; `owed` = the open ledger items for the run's head."""
+    text = html(record, owed)
+    return write_atomic(Path(reports_dir) / report_name(record["run_id"]), text)
+
+
+def _index_row(record: dict, reports_dir: Path) -> dict:
+    if not isinstance(record, dict) or not record.get("run_id"):
+        raise ReportError(f"index: a run record without run_id: {str(record)[:80]!r}")
+    path = record.get("report_path")
+    link = os.path.relpath(path, reports_dir) if path else report_name(record["run_id"])
+    head = record.get("head") or {}
+    return {"run_id": record["run_id"], "state": record.get("state", "?"), "link": link,
+            "sha": (head.get("sha") or "")[:12], "rev": head.get("rev"),
+            "box": (record.get("box") or {}).get("name"),
+            "date": view.when(record.get("created_at")) or "", "error": record.get("error")}
+
+
+def render_index(records: list[dict], reports_dir) -> Path:
+    """Write `<reports_dir>/index.html`: every run, newest first."""
+    reports_dir = Path(reports_dir)
+    rows = sorted((_index_row(r, reports_dir) for r in records), key=lambda r: r["date"], reverse=True)
+    return write_atomic(reports_dir / "index.html", _HTML.get_template("index.html.j2").render(rows=rows))
+
+
+def render_markdown(record: dict, owed: list[dict] | None = None) -> str:
+    """The report as a PR body: Measured, Established, Owed, Not run."""
+    return _MD.get_template("run.md.j2").render(v=view.build(record, owed, with_plots=False))

@@ -1,0 +1,232 @@
+"""`orchestrator serve`'s long-running process: schedules, a job queue worker per box, the HTTP front.
+
+Threads: the main thread ticks the schedules and sweeps stale heartbeats; one worker per configured box
+runs that box's queued gates one at a time (`service_run`); the HTTP server answers on its own threads,
+each request with its own SQLite connection (WAL lets readers and the one writer proceed together).
+
+Shutdown (SIGTERM or SIGINT): stop taking requests, stop every worker (a running job is cancelled on
+its box and recorded as interrupted, a job waiting for its box goes back in the queue), shut Ray down,
+exit 0. Start: requeue what a previous life claimed but never started, and reconcile interrupted and
+dead jobs (LOST once their heartbeat is past the deadline).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import time
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import db, owed, schedule, service_queue
+from orchestrator.config import Config, ConfigError
+from orchestrator.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
+from orchestrator.provenance import ProvenanceError, resolve
+from orchestrator.schedule import Clock, Schedule, Scheduler, SystemClock
+from orchestrator.service_run import CANCEL_WAIT_S, RayHandle, run_queued
+
+log = logging.getLogger("regate.service")
+
+
+class Backend:
+    """The HTTP API's answers, from the job ledger, the owed ledger and the report renderer."""
+
+    def __init__(self, config: Config, repo: str):
+        self.config, self.repo = config, repo
+
+    @contextmanager
+    def _conn(self):
+        conn = connect(self.config)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def runs(self, limit: int) -> list[dict]:
+        with self._conn() as conn:
+            return db.list_runs(conn, limit)
+
+    def run(self, run_id: str) -> dict:
+        with self._conn() as conn:
+            try:
+                return db.get(conn, run_id)
+            except KeyError as e:
+                raise NotFound(e.args[0]) from None
+
+    def owed(self, head: str | None) -> list[dict]:
+        with self._conn() as conn:
+            return owed.list_open(conn, head)
+
+    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[dict, bool]:
+        with self._conn() as conn:
+            try:
+                return service_queue.enqueue(conn, self.config, self.repo, head, box, grid, force, "api")
+            except (ConfigError, ProvenanceError, service_queue.QueueError) as e:
+                raise BadRequest(str(e)) from None
+
+    def index_html(self) -> str:
+        from orchestrator.report import render_index
+        with self._conn() as conn:
+            return render_index(db.list_runs(conn, 500), self.config.reports_dir).read_text()
+
+    def report_html(self, run_id: str) -> str:
+        from orchestrator.report.render import html
+        with self._conn() as conn:
+            record = self.run(run_id)
+            return html(record, owed.list_open(conn, record["head"]["sha"]))
+
+
+@dataclass
+class Service:
+    config: Config
+    repo: str = "."
+    schedules: tuple[Schedule, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8470
+    clock: Clock = field(default_factory=SystemClock)
+    poll_s: float = 1.0  # schedule tick and queue poll period
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.ray = RayHandle(self.config.ray_address)
+        self.server: ApiServer | None = None
+        self.workers: list[threading.Thread] = []
+        self._handles_signals = self._reclaimed = False
+
+    def start(self) -> str:
+        """Reconcile, then start serving and working; returns the URL served."""
+        conn = self._connect()
+        try:
+            requeued = service_queue.release_unstarted(conn)
+            service_queue.beat_queued(conn)
+            lost = service_queue.reconcile(conn, self.config.timeouts.stale_s)
+            abandoned = schedule.reconcile_claimed(conn)
+        finally:
+            conn.close()
+        log.info("start: %d queued job(s) requeued, %d run(s) LOST, %d firing(s) abandoned",
+                 requeued, len(lost), abandoned)
+        self.server = ApiServer(Backend(self.config, self.repo), self.host, self.port)
+        serve_in_thread(self.server)
+        for box in self.config.boxes:
+            t = threading.Thread(target=self._work, args=(box.name,), name=f"worker-{box.name}", daemon=True)
+            t.start()
+            self.workers.append(t)
+        return self.server.url
+
+    def run(self) -> None:
+        """The main loop, until `stop` is set (by SIGTERM/SIGINT when installed), then shut down."""
+        conn = self._connect()
+        scheduler = Scheduler(conn, self.schedules, lambda rev: resolve(self.repo, rev),
+                              lambda sha, grid, box: service_queue.has_binding_grid(conn, sha, grid, box),
+                              self._queue_grid, clock=self.clock)
+        sweep_every = max(1, int(self.config.timeouts.heartbeat_s / self.poll_s))
+        try:
+            for n in itertools.count():
+                for f in scheduler.tick():
+                    log.info("firing %s at %s: %s %s", f.schedule_id, f.scheduled_time, f.outcome,
+                             f.run_id or f.detail)
+                if n % sweep_every == 0:
+                    service_queue.beat_queued(conn)
+                    service_queue.reconcile(conn, self.config.timeouts.stale_s)
+                if self.stop.wait(self.poll_s):
+                    break
+                self._reclaim_signals()
+        finally:
+            conn.close()
+            self.shutdown()
+
+    def _queue_grid(self, s: Schedule, sha: str) -> str:
+        # force: has_binding_grid already decided a re-run is wanted (an owed grid is worth more legs)
+        with _closing(self._connect()) as conn:
+            record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, s.box, s.grid, True,
+                                              f"schedule:{s.id}")
+        return record["run_id"]
+
+    def _work(self, box: str) -> None:
+        conn = self._connect()
+        try:
+            while not self.stop.is_set():
+                job = service_queue.claim_next(conn, box)
+                if job is None:
+                    self.stop.wait(self.poll_s)
+                    continue
+                log.info("box %s: running %s (%s)", box, job.run_id, job.source)
+                try:
+                    run_queued(self.config, conn, job, self.ray, self.stop, _log_event)
+                except Exception:  # a bug here must not kill the worker or leave the run RUNNING forever
+                    log.exception("box %s: run %s crashed in the service", box, job.run_id)
+                    _record_crash(self.config, conn, job.run_id)
+        finally:
+            conn.close()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        bound = self.config.timeouts.heartbeat_s + CANCEL_WAIT_S + 10
+        for t in self.workers:
+            t.join(timeout=bound)
+            if t.is_alive():
+                log.warning("%s did not stop within %.0f s", t.name, bound)
+        self.ray.shutdown()
+
+    def install_signal_handlers(self) -> None:
+        self._handles_signals = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.stop.set())
+
+    def _reclaim_signals(self) -> None:
+        """Ray's core worker installs its own SIGTERM handler (it aborts the process) when the first
+        job starts Ray on a worker thread; take SIGTERM back, from the main thread, once it has."""
+        if self._handles_signals and self.ray.started and not self._reclaimed:
+            self.install_signal_handlers()
+            self._reclaimed = True
+
+    def _connect(self):
+        return connect(self.config)
+
+
+def connect(config: Config):
+    """The ledger, with the service's own tables (firings, the job queue) and the owed ledger's."""
+    conn = db.connect(config.db_path)
+    schedule.ensure_schema(conn)
+    service_queue.ensure_schema(conn)
+    owed.ensure_schema(conn)
+    return conn
+
+
+@contextmanager
+def _closing(conn):
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _log_event(ev: dict) -> None:
+    if ev.get("event") in ("started", "suite", "step"):
+        log.info("run %s: %s %s %s", ev.get("run_id"), ev.get("step") or ev.get("suite") or ev["event"],
+                 ev.get("status", ""), ev.get("detail", ""))
+
+
+def _record_crash(config: Config, conn, run_id: str) -> None:
+    import traceback
+    from orchestrator.gate import _finish
+    try:
+        record = db.get(conn, run_id)
+        if record["state"] in db.FINAL:
+            return
+        record["error"] = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
+        _finish(config, conn, record, time.monotonic())
+    except Exception:
+        log.exception("could not record the crash of run %s", run_id)
+
+
+def load_service(config: Config, config_path: str | Path | None, repo: str, host: str, port: int) -> Service:
+    boxes = tuple(b.name for b in config.boxes)
+    schedules = schedule.load_schedules(config_path, boxes) if config_path else ()
+    return Service(config, repo, schedules, host, port)

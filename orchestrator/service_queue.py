@@ -1,0 +1,186 @@
+"""The service's job queue: gates queued over HTTP or by a schedule, run one at a time per box.
+
+A queued gate is a QUEUED row of the job ledger (`db.runs`, so `orchestrator runs` and the API see it
+at once) plus a `service_jobs` row saying what to run (repo, revision, grid) and where it stands in
+the service's hands: claimed by a worker, started on the box, interrupted by a shutdown. Queueing
+follows the CLI's idempotency rule (`gate.idempotency_key`): an identical finished gate is returned
+instead of queued unless forced, and an identical gate already queued or running is returned too.
+
+Shutdown semantics: a job the box had started is left RUNNING and marked interrupted (never silently
+dropped); when its heartbeat is past the deadline the next reconcile makes it LOST and says why. A
+job the box had not started is put back in the queue and runs after the restart.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator import db
+from orchestrator.config import Config
+from orchestrator.gate import idempotency_key, new_record
+from orchestrator.provenance import Archive, archive, read_member
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS service_jobs (
+  run_id TEXT PRIMARY KEY,
+  box TEXT NOT NULL,
+  repo TEXT NOT NULL,
+  rev TEXT NOT NULL,
+  grid TEXT,
+  source TEXT NOT NULL,
+  queued_at TEXT NOT NULL,
+  claimed_at TEXT,
+  started_at TEXT,
+  interrupted_at TEXT
+);
+"""
+_ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
+
+
+class QueueError(ValueError):
+    """A gate that cannot be queued as asked (a grid spec the head does not have)."""
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    run_id: str
+    box: str
+    repo: str
+    rev: str
+    grid: str | None
+    source: str
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+
+
+def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str, box: str | None,
+            grid: str | None, force: bool, source: str) -> tuple[dict, bool]:
+    """(record, queued): a new QUEUED run, or the existing run the idempotency rule returns.
+
+    Raises ConfigError (unknown box), ProvenanceError (unknown revision) or QueueError (unknown grid
+    spec) before writing anything.
+    """
+    box_cfg = config.box(box)
+    arch = archive(repo, rev)
+    if grid is not None:
+        _check_grid(arch, grid)
+    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg))
+    with _ENQUEUE:
+        if not force and (done := db.find_reusable(conn, key)) is not None:
+            return done, False
+        if (pending := _pending(conn, key)) is not None:  # never queue the same gate twice at once
+            return pending, False
+        record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        # The job row goes first: a crash between the two leaves a job row no worker can match to a
+        # run (ignored), never a QUEUED run that nothing will ever pick up.
+        with db.transaction(conn):
+            conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at)"
+                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (record["run_id"], box_cfg.name, arch.repo, arch.sha, grid, source, db.utc_now()))
+        db.insert_queued(conn, record, key)
+    return record, True
+
+
+def _check_grid(arch: Archive, grid: str) -> None:
+    # The same places the box looks (`grid_job.spec_path`), read from the archive without unpacking.
+    candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
+    if not any(read_member(arch.tarball, c) is not None for c in candidates):
+        raise QueueError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
+
+
+def _pending(conn: sqlite3.Connection, key: str) -> dict | None:
+    row = conn.execute("SELECT record FROM runs WHERE idem_key = ? AND state IN ('QUEUED', 'RUNNING')"
+                       " ORDER BY created_at DESC LIMIT 1", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def claim_next(conn: sqlite3.Connection, box: str) -> QueuedJob | None:
+    """The oldest unclaimed QUEUED job of `box`, claimed for this worker (one claim wins)."""
+    with db.transaction(conn):
+        row = conn.execute(
+            "SELECT j.run_id, j.box, j.repo, j.rev, j.grid, j.source FROM service_jobs j"
+            " JOIN runs r ON r.run_id = j.run_id WHERE j.box = ? AND r.state = 'QUEUED'"
+            " AND j.claimed_at IS NULL ORDER BY j.queued_at, j.run_id LIMIT 1", (box,)).fetchone()
+        if row is None:
+            return None
+        conn.execute("UPDATE service_jobs SET claimed_at = ? WHERE run_id = ?", (db.utc_now(), row[0]))
+    return QueuedJob(*row)
+
+
+def mark_started(conn: sqlite3.Connection, run_id: str) -> None:
+    with db.transaction(conn):
+        conn.execute("UPDATE service_jobs SET started_at = ? WHERE run_id = ?", (db.utc_now(), run_id))
+
+
+def requeue(conn: sqlite3.Connection, run_id: str) -> None:
+    """A job the box never started goes back in the queue (a shutdown while it waited for the box)."""
+    with db.transaction(conn):
+        conn.execute("UPDATE service_jobs SET claimed_at = NULL WHERE run_id = ?", (run_id,))
+
+
+def mark_interrupted(conn: sqlite3.Connection, record: dict, why: str) -> None:
+    """Record that the service stopped under a running job: still RUNNING, LOST after the deadline."""
+    at = db.utc_now()
+    record["interrupted"] = {"at": at, "why": why}
+    with db.transaction(conn):
+        conn.execute("UPDATE runs SET record = ? WHERE run_id = ? AND state = 'RUNNING'",
+                     (json.dumps(record), record["run_id"]))
+        conn.execute("UPDATE service_jobs SET interrupted_at = ? WHERE run_id = ?", (at, record["run_id"]))
+
+
+def beat_queued(conn: sqlite3.Connection) -> None:
+    """Jobs waiting in this service's queue are alive: keep them out of the stale-heartbeat sweep."""
+    with db.transaction(conn):
+        conn.execute("UPDATE runs SET heartbeat = ? WHERE state = 'QUEUED' AND run_id IN"
+                     " (SELECT run_id FROM service_jobs WHERE started_at IS NULL)", (time.time(),))
+
+
+def reconcile(conn: sqlite3.Connection, stale_s: float) -> list[str]:
+    """Interrupted jobs past the heartbeat deadline -> LOST naming the interruption; then the
+    ledger's own sweep for any other head that died. Returns the run ids made LOST."""
+    cutoff = time.time() - stale_s
+    lost = []
+    with db.transaction(conn):
+        rows = conn.execute(
+            "SELECT r.run_id, r.record FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
+            " WHERE r.state = 'RUNNING' AND j.interrupted_at IS NOT NULL AND r.heartbeat < ?",
+            (cutoff,)).fetchall()
+        for run_id, blob in rows:
+            rec = json.loads(blob)
+            why = (rec.get("interrupted") or {}).get("why", "the service stopped")
+            rec.update(state="LOST", finished_at=db.utc_now(),
+                       error=f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, "
+                             "so the result is unknown")
+            conn.execute("UPDATE runs SET state = 'LOST', finished_at = ?, record = ? WHERE run_id = ?",
+                         (rec["finished_at"], json.dumps(rec), run_id))
+            lost.append(run_id)
+    return lost + db.mark_stale_lost(conn, stale_s)
+
+
+def release_unstarted(conn: sqlite3.Connection) -> int:
+    """At start: claims left by a previous life on jobs the box never started are dropped."""
+    with db.transaction(conn):
+        cur = conn.execute("UPDATE service_jobs SET claimed_at = NULL WHERE started_at IS NULL AND run_id IN"
+                           " (SELECT run_id FROM runs WHERE state = 'QUEUED')")
+    return cur.rowcount
+
+
+def has_binding_grid(conn: sqlite3.Connection, sha: str, grid: str, box: str) -> bool:
+    """A finished run of `sha` on `box` whose `grid` made every cell's magnitude binding."""
+    rows = conn.execute("SELECT record FROM runs WHERE sha = ? AND box = ? AND state IN ('PASSED', 'FAILED')",
+                        (sha, box)).fetchall()
+    return any(_binding(json.loads(r[0]).get("grid"), grid) for r in rows)
+
+
+def _binding(result: dict | None, grid: str) -> bool:
+    if not result or result.get("spec") not in (grid, Path(grid).stem):
+        return False
+    cells = result.get("cells") or []
+    return bool(cells) and all((c.get("verdict") or {}).get("magnitude", {}).get("state") == "binding"
+                               for c in cells)

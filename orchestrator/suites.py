@@ -1,0 +1,106 @@
+"""Run the gate suites of a head, serially, each a pytest subprocess of the head's fresh tree.
+
+Counts come from pytest's JUnit XML (tests) and the census plugin (`-p gates.census`, checks); the
+verdict is the census's: GREEN only when every test and check passed AND the counts equal the
+manifest's census. A suite past its timeout is killed with its whole process group and reads TIMEOUT.
+A suite that needs CUDA on a box without a GPU is not run, and the record says so in words.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Callable
+
+from gates.census import ENV_OUT, census_verdict
+from gates.manifest import Suite
+from orchestrator.build import tree_env
+from orchestrator.procs import run_group
+
+NO_GPU = "no CUDA gate was run: this box has no GPU"
+
+
+def pytest_cmd(suite: Suite, junit: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
+            f"--junitxml={junit}", *suite.selection]
+
+
+def not_run(suite: Suite, why: str) -> dict:
+    return {**_base(suite), "state": "NOT_RUN", "why": why}
+
+
+def _base(suite: Suite) -> dict:
+    return {"name": suite.name, "sacred": suite.sacred, "needs": list(suite.needs),
+            "census_tests": suite.census_tests, "census_checks": suite.census_checks,
+            "tests_passed": None, "tests_total": None, "checks_passed": None, "checks_total": None,
+            "duration_s": 0.0, "failures": [], "reasons": [], "sacred_modified": False}
+
+
+def run_suite(tree: Path, suite: Suite, cancelled: Callable[[], bool] | None = None,
+              on_start: Callable[[int], None] | None = None) -> dict:
+    """The record's entry for one suite, run to completion, timeout or cancellation."""
+    rec = _base(suite)
+    with tempfile.TemporaryDirectory(prefix=f"suite-{suite.name}-") as tmp:
+        junit, census_out = Path(tmp) / "junit.xml", Path(tmp) / "census.json"
+        env = tree_env(tree) | {ENV_OUT: str(census_out)}
+        res = run_group(pytest_cmd(suite, junit), cwd=tree, env=env, timeout_s=suite.timeout_s,
+                        cancelled=cancelled, on_start=on_start)
+        rec["duration_s"], rec["pid"] = res.duration_s, res.pid
+        junit_counts = parse_junit(junit) if junit.exists() else None
+        census = json.loads(census_out.read_text()) if census_out.exists() else None
+    rec.update(judge(suite, res.returncode, res.timed_out, res.cancelled, junit_counts, census, res.output))
+    return rec
+
+
+def judge(suite: Suite, returncode, timed_out: bool, cancelled: bool, junit: dict | None,
+          census: dict | None, output: str) -> dict:
+    """State, counts, failures and reasons of one finished pytest run (pure: tested without pytest)."""
+    part: dict = {"failures": (junit or {}).get("failures", [])}
+    if junit is not None:
+        part.update(tests_passed=junit["passed"], tests_total=junit["total"])
+    if census is not None:
+        part.update(checks_passed=census["checks_passed"], checks_total=census["checks_total"])
+    if timed_out or cancelled:
+        what = f"timed out after {suite.timeout_s:.0f} s" if timed_out else "cancelled"
+        return part | {"state": "TIMEOUT" if timed_out else "RED",
+                       "reasons": [f"{what}; its process group was killed"], "output_tail": _tail(output)}
+    if census is None:
+        return part | {"state": "RED", "reasons": [f"pytest exited {returncode} without writing the census "
+                                                   "(crash, or the tree lacks gates.census)"],
+                       "output_tail": _tail(output)}
+    state, reasons = census_verdict(census, suite.census_tests, suite.census_checks)
+    if returncode != 0 and state == "GREEN":
+        state, reasons = "RED", [f"pytest exited {returncode}"]
+    part |= {"state": state, "reasons": reasons}
+    if state != "GREEN":
+        part["output_tail"] = _tail(output)
+    return part
+
+
+def parse_junit(path: Path) -> dict:
+    """`{"total", "passed", "failed", "errors", "skipped", "failures": [{"test", "message"}]}`."""
+    root = ET.parse(path).getroot()
+    total = failed = errors = skipped = 0
+    failures = []
+    for case in root.iter("testcase"):
+        total += 1
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+        kinds = {child.tag for child in case}
+        if "skipped" in kinds:
+            skipped += 1
+        for tag in ("failure", "error"):
+            el = case.find(tag)
+            if el is not None:
+                failed += tag == "failure"
+                errors += tag == "error"
+                failures.append({"test": name, "message": (el.get("message") or el.text or "")[:2000]})
+                break
+    passed = total - failed - errors - skipped
+    return {"total": total, "passed": passed, "failed": failed, "errors": errors,
+            "skipped": skipped, "failures": failures}
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The one script sent to the GPU box for the packed NVFP4 GEMM (issue 4). Stages, in the order given:
+#   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
+#   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/tuning.py
+#   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
+#   ncu    Nsight Compute on the head GEMM (NCU_M rows): speed of light + memory workload
+# Logs go to $OUT/<stage>.log (or ./device-out when OUT is unset).
+# Usage: bash scripts/device_kernels.sh test sweep bench ncu
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.log"
+$PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/device.log"
+
+stage_test() {
+  $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_kernels_cuda.py -rs
+  $PY -c 'from kernels.build import build; print(build()[0])'
+}
+stage_sweep() {
+  $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"
+}
+stage_bench() { $PY -m kernels.bench; }
+stage_ncu() {
+  ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemv|mma}" --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    $PY -c "
+import torch
+from kernels.bench import random_packed
+from kernels.nvfp4_gemm import nvfp4_gemm
+p, s = random_packed(248320, 5120, 0)
+x = torch.randn(${NCU_M:-1}, 5120, dtype=torch.bfloat16, device='cuda')
+for _ in range(5): nvfp4_gemm(x, p, s, 1e-3)
+torch.cuda.synchronize()"
+}
+
+rc=0
+for stage in "$@"; do
+  echo "=== $stage $(date -u +%H:%M:%S)"
+  "stage_$stage" 2>&1 | tee "$OUT/$stage.log" || rc=1
+done
+exit $rc

@@ -1,0 +1,123 @@
+"""Helpers for the orchestrator tests: a tiny gated repository whose build and suites are fast fakes.
+
+The stub tree has what a head needs to be gated: `engine/cli.py` whose `build` prints a marker line,
+`gates/gates.yaml` naming its suites, and a copy of the census plugin (the tree's own `gates` package
+shadows the installed one on the suite's PYTHONPATH, as a real head's does).
+"""
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENABLED = "packed NVFP4 W4A16 GEMM: ENABLED for sm_90"
+DISABLED = "packed NVFP4 W4A16 GEMM: DISABLED (no CUDA device)"
+
+ENGINE_CLI = '''\
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and sys.argv[1:] == ["build"]:
+    print("compiling kernels ... done")
+    print((Path(__file__).parent / "marker.txt").read_text().strip())
+    sys.exit(0)
+sys.exit("usage: engine build")
+'''
+
+PASSING_TEST = '''\
+def test_sum(check):
+    check(1 + 1 == 2, "1 + 1")
+    check.equal(sum([1, 2, 3]), 6, "sum")
+
+
+def test_product(check):
+    check.equal(2 * 3, 6, "product")
+'''
+
+FAILING_TEST = '''\
+def test_wrong(check):
+    check.equal(2 + 2, 5, "arithmetic")
+'''
+
+
+def hanging_test(pid_file: Path) -> str:
+    """A test that never ends, after starting a grandchild; both pids land in `pid_file`."""
+    return textwrap.dedent(f'''\
+        import os, subprocess, time
+
+        def test_hangs():
+            child = subprocess.Popen(["sleep", "1000"])
+            with open({str(pid_file)!r}, "w") as f:
+                f.write(f"{{os.getpid()}} {{child.pid}}")
+            time.sleep(1000)
+        ''')
+
+
+def slow_test(log: Path, seconds: float) -> str:
+    """A test that logs its start and end (for the serialization test: order, not wall time)."""
+    return textwrap.dedent(f'''\
+        import os, time
+
+        def test_slow(check):
+            with open({str(log)!r}, "a") as f:
+                f.write(f"start {{os.getpid()}}\\n")
+            time.sleep({seconds})
+            with open({str(log)!r}, "a") as f:
+                f.write(f"end {{os.getpid()}}\\n")
+            check(True, "ran")
+        ''')
+
+
+def suite(name: str, path: str, tests: int, checks: int, timeout_s: float = 60, needs=("cpu",)) -> dict:
+    return {"name": name, "selection": [path], "sacred": False, "needs": list(needs), "timeout_s": timeout_s,
+            "census": {"tests": tests, "checks": checks}}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def commit_all(repo: Path, message: str = "snapshot") -> str:
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", message)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def make_stub_repo(root: Path, suites: list[dict], tests: dict[str, str], marker: str = DISABLED) -> Path:
+    """A committed git repo at `root` with the stub engine, the census plugin, `tests` and `suites`."""
+    files = {
+        "engine/__init__.py": "",
+        "engine/cli.py": ENGINE_CLI,
+        "engine/marker.txt": marker + "\n",
+        "gates/__init__.py": "",
+        "gates/census.py": (REPO_ROOT / "gates" / "census.py").read_text(),
+        "gates/gates.yaml": yaml.safe_dump({"suites": suites, "mutations": "off"}, sort_keys=False),
+        **tests,
+    }
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    git(root, "init", "-q", "-b", "main")
+    commit_all(root, "stub engine")
+    return root
+
+
+def snapshot_clone(src: Path, dest: Path) -> Path:
+    """A clone of `src` whose HEAD is `src`'s working tree as it is now (tracked edits, deletions and
+    new unignored files committed on top), so the end-to-end test gates the code under test; in CI
+    (a clean clone) that is exactly `src`'s HEAD."""
+    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True)
+    changed = git(src, "ls-files", "-z", "--modified", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, changed):
+        s, d = src / rel, dest / rel
+        if s.is_file():
+            d.parent.mkdir(parents=True, exist_ok=True)
+            d.write_bytes(s.read_bytes())
+    for rel in filter(None, git(src, "ls-files", "-z", "--deleted").split("\0")):
+        (dest / rel).unlink(missing_ok=True)
+    commit_all(dest, "working tree snapshot")
+    return dest

@@ -1,0 +1,68 @@
+"""Shared by the service tests: a tiny git repository to gate, and a config pointing into tmp."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from orchestrator.config import load_config
+
+# A stand-in engine: `python -m engine.cli build` in the head's tree prints a marker line, nothing else.
+ENGINE_CLI = 'print("packed NVFP4 W4A16 GEMM: DISABLED (a stand-in engine for the service tests)")\n'
+MANIFEST = """schema_version: 1
+mutations: off
+suites:
+  - name: quick
+    selection: [suite/test_quick.py]
+    sacred: false
+    needs: [cpu]
+    timeout_s: 300
+    census: {tests: 1, checks: 1}
+"""
+# The suite sleeps as long as the service's environment says: the SIGTERM test needs a job in flight.
+SUITE = """import os
+import time
+
+
+def test_quick(check):
+    time.sleep(float(os.environ.get("REGATE_TEST_SUITE_SLEEP_S", "0")))
+    check(1 + 1 == 2, "arithmetic")
+"""
+GRID = "name: smoke\nlegs: 2\n"  # only its presence is checked before queueing
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def make_repo(root: Path) -> tuple[Path, str]:
+    """A committed repository with the stand-in engine, one quick suite and a grid spec; (path, sha)."""
+    repo = root / "repo"
+    files = {"engine/__init__.py": "", "engine/cli.py": ENGINE_CLI, "gates/gates.yaml": MANIFEST,
+             "suite/test_quick.py": SUITE, "grids/smoke.yaml": GRID}
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a head to gate")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def write_config(root: Path, repo: Path, **extra) -> Path:
+    """orchestrator.yaml with one CPU box `boxa` (its lock in tmp), short heartbeats, the repo trusted."""
+    cfg = {"db_path": str(root / "regate.db"), "reports_dir": str(root / "reports"),
+           "timeouts": {"heartbeat_s": 0.5, "stale_s": 3, "schedule_s": 120},
+           "boxes": [{"name": "boxa", "lock_path": str(root / "gpu.lock")}], **extra}
+    path = root / "orchestrator.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def config_for(root: Path, repo: Path, **extra):
+    return load_config(write_config(root, repo, **extra))

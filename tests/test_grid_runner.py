@@ -1,0 +1,127 @@
+"""The leg runner end to end against a fake bench script: fresh processes, alternation, raw kept,
+--until-binding stopping, and failures that name cell, arm and leg."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from grids.runner import BenchLauncher, GridError, arm_order, parse_bench, run_grid
+from grids.spec import parse_spec
+
+FAKE = Path(__file__).with_name("grid_fake_bench.py")
+
+
+def _spec(legs=3, max_legs=8, batches=(1,)):
+    return parse_spec({
+        "name": "fake", "backend": "cpu", "legs": legs, "max_legs": max_legs, "warmup": 0, "iters": 2,
+        "checkpoint": {"preset": "tiny"},
+        "arms": {"packed": {"lm_head": "packed"}, "dequant": {"lm_head": "dequant"}},
+        "cells": [{"batch": b, "prompt_len": 4, "gen_len": 4} for b in batches],
+    }, "fake.yaml")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_BENCH_LOG", str(log))
+
+    def run(rates, spec, **kw):
+        monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps(rates))
+        result = run_grid(spec, launcher=BenchLauncher((sys.executable, str(FAKE))),
+                          checkpoint=lambda **p: tmp_path / f"ckpt-{p['preset']}", **kw)
+        calls = [json.loads(line) for line in log.read_text().splitlines()]
+        return result, calls
+    return run
+
+
+def test_legs_alternate_in_fresh_processes_and_keep_raw(fake, tmp_path):
+    events = []
+    out = tmp_path / "out" / "grid.json"
+    result, calls = fake({"packed": [11.197, 11.193, 11.195], "dequant": [9.418, 10.163, 9.9]},
+                         _spec(legs=3), progress=events.append, out=out)
+    assert [c["lm_head"] for c in calls] == ["packed", "dequant", "dequant", "packed", "packed", "dequant"]
+    assert len({c["pid"] for c in calls}) == 6  # one process per arm per leg
+    assert "--model" in calls[0]["argv"] and str(tmp_path / "ckpt-tiny") in calls[0]["argv"]
+    cell = result["cells"][0]
+    assert cell["orders"] == [["packed", "dequant"], ["dequant", "packed"], ["packed", "dequant"]]
+    assert cell["arms"]["packed"]["legs"] == [11.197, 11.193, 11.195]
+    assert cell["arms"]["dequant"]["legs"] == [9.418, 10.163, 9.9]
+    assert [r["meta"]["call"] for r in cell["arms"]["dequant"]["raw"]] == [0, 1, 2]
+    assert cell["verdict"]["direction"]["state"] == "established"  # 3 separated legs: p = 1/20
+    assert cell["verdict"]["magnitude"]["state"] == "owed"
+    assert result["schema_version"] == 1 and result["spec"] == "fake" and result["complete"]
+    assert json.loads(out.read_text()) == result
+    assert [e.arm for e in events if e.arm] == [c["lm_head"] for c in calls]
+    assert [e.leg for e in events if e.verdict] == [1, 2, 3]
+
+
+def test_until_binding_stops_when_every_cell_binds(fake):
+    rates = {"packed@b1": [10.0, 10.01], "dequant@b1": [9.0, 9.01],  # binds at leg 2
+             "packed@b16": [10.0], "dequant@b16": [9.0, 9.5]}  # dequant 5.6% apart: never binds
+    result, calls = fake(rates, _spec(legs=1, max_legs=4, batches=(1, 16)), until_binding=True)
+    tight, noisy = result["cells"]
+    assert len(tight["arms"]["packed"]["legs"]) == 2
+    assert tight["verdict"]["magnitude"]["state"] == "binding"
+    assert len(noisy["arms"]["dequant"]["legs"]) == 4  # ran to max_legs
+    assert noisy["verdict"]["magnitude"]["state"] == "owed"
+    assert len(calls) == 2 * (2 + 4)
+
+
+def test_without_until_binding_runs_the_spec_legs_only(fake):
+    result, calls = fake({"packed": [10.0], "dequant": [9.0, 9.5]}, _spec(legs=2, max_legs=6))
+    assert len(calls) == 4
+    assert result["cells"][0]["verdict"]["magnitude"]["state"] == "owed"
+
+
+def test_max_legs_caps_even_the_spec_legs(fake):
+    result, calls = fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=3), max_legs=1)
+    assert len(calls) == 2 and result["max_legs"] == 1
+
+
+def test_failing_bench_names_cell_arm_leg_with_stderr(fake, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAKE_BENCH_FAIL", "dequant:1")
+    out = tmp_path / "partial.json"
+    with pytest.raises(GridError) as e:
+        fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=3), out=out)
+    msg = str(e.value)
+    assert "cell 0 (b1 p4 g4 tiny modelopt), arm dequant, leg 2" in msg
+    assert "exited 3" in msg and "illegal memory access" in msg
+    partial = json.loads(out.read_text())  # the finished leg survives
+    assert not partial["complete"] and partial["cells"][0]["arms"]["dequant"]["legs"] == [9.0]
+
+
+def test_bench_without_json_is_an_error(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_GARBAGE", "1")
+    with pytest.raises(GridError, match="arm packed, leg 1: bench printed no JSON line"):
+        fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=1))
+
+
+def test_checkpoint_failure_names_the_cell():
+    def broken(**params):
+        raise ValueError("preset '99b' unknown")
+    with pytest.raises(GridError, match=r"cell 0 \(b1 p4 g4 tiny modelopt\): cannot make checkpoint"):
+        run_grid(_spec(), checkpoint=broken)
+
+
+@pytest.mark.parametrize("stdout, needle", [
+    ('{"schema_version": 2, "decode_tok_s": 5}', "schema_version: expected 1, found 2"),
+    ('{"schema_version": 1, "decode_tok_s": 0}', "decode_tok_s: expected a positive number, found 0"),
+    ('{"schema_version": 1}', "decode_tok_s: expected a positive number, found None"),
+])
+def test_bench_json_is_checked(stdout, needle):
+    with pytest.raises(GridError, match=needle):
+        parse_bench("table\n" + stdout + "\n", "cell 0, arm a, leg 1")
+
+
+def test_parse_takes_the_last_json_line():
+    text = '{"schema_version": 1, "decode_tok_s": 1.0}\nnoise\n{"schema_version": 1, "decode_tok_s": 2.5}\n'
+    assert parse_bench(text, "x")["decode_tok_s"] == 2.5
+
+
+def test_arm_order_flips_every_leg():
+    arms = _spec().arms
+    assert [tuple(a.name for a in arm_order(arms, leg)) for leg in range(4)] == [
+        ("packed", "dequant"), ("dequant", "packed"), ("packed", "dequant"), ("dequant", "packed")]

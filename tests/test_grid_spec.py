@@ -1,0 +1,96 @@
+"""Grid specs: the shipped grids load, and every bad field is named with expected vs found."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from grids.spec import Checkpoint, SpecError, load_spec, parse_spec
+
+GRIDS = Path(__file__).resolve().parents[1] / "grids"
+GOOD = {
+    "name": "g", "backend": "cuda", "legs": 2,
+    "checkpoint": {"preset": "27b", "layers": 4},
+    "arms": {"packed": {"lm_head": "packed"}, "dequant": {"lm_head": "dequant", "backend": "cpu",
+                                                         "extra_args": ["--foo", 1]}},
+    "cells": [{"batch": 1, "prompt_len": 8, "gen_len": 8},
+              {"batch": 16, "prompt_len": 8, "gen_len": 8, "checkpoint": {"layers": 8, "seed": 3}}],
+}
+
+
+def test_shipped_grids_load():
+    lmhead = load_spec(GRIDS / "lmhead.yaml")
+    assert [a.lm_head for a in lmhead.arms] == ["packed", "dequant"]
+    assert {a.backend for a in lmhead.arms} == {"cuda"}
+    assert sorted(c.batch for c in lmhead.cells) == [1, 16]
+    assert all(c.checkpoint.preset == "27b" and c.checkpoint.layers for c in lmhead.cells)
+    smoke = load_spec(GRIDS / "smoke.yaml")
+    assert {a.backend for a in smoke.arms} == {"cpu"}
+    assert all(c.checkpoint.preset == "tiny" for c in smoke.cells)
+
+
+def test_defaults_merge_into_cells():
+    spec = parse_spec(GOOD)
+    assert spec.arms[1].backend == "cpu" and spec.arms[0].backend == "cuda"
+    assert spec.arms[1].extra_args == ("--foo", "1")
+    assert spec.cells[0].checkpoint == Checkpoint(preset="27b", layers=4)
+    assert spec.cells[1].checkpoint == Checkpoint(preset="27b", layers=8, seed=3)
+    assert spec.policy.rule == "rank" and spec.policy.tolerance == 0.02
+    assert spec.max_legs >= spec.legs
+    assert {a.backend for a in spec.with_backend("cpu").arms} == {"cpu"}
+
+
+def _with(path: str, value):
+    data = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    ("cells.1.batch", "16", "cells[1].batch: expected an integer >= 1, found '16'"),
+    ("cells.0.gen_len", 0, "cells[0].gen_len: expected an integer >= 1, found 0"),
+    ("arms.packed.lm_head", "fp8", "arms.packed.lm_head: expected one of packed, dequant, found 'fp8'"),
+    ("arms.packed.speed", 3, "arms.packed.speed: unknown key"),
+    ("backend", "rocm", "backend: expected one of cpu, cuda, found 'rocm'"),
+    ("legs", 0, "legs: expected an integer >= 1, found 0"),
+    ("verdict", {"rule": "vibes"}, "verdict.rule: expected one of rank, every-leg, found 'vibes'"),
+    ("verdict", {"tolerance": 2}, "verdict.tolerance: expected a number in (0, 1), found 2.0"),
+    ("checkpoint", {"layer": 4}, "checkpoint.layer: unknown key"),
+    ("cells.0.checkpoint", {"layers": -1}, "cells[0].checkpoint.layers: expected an integer >= 1"),
+    ("name", KeyError, "name: expected a non-empty string, found None"),
+    ("cells", [], "cells: expected a non-empty list"),
+    ("arms", {"packed": {"lm_head": "packed"}}, "arms: expected exactly 2 arms, found 1"),
+    ("colour", "red", "colour: unknown key"),
+])
+def test_bad_fields_are_named(path, value, needle):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_with(path, value), "g.yaml")
+    assert str(e.value).startswith("g.yaml: ")
+    assert needle in str(e.value)
+
+
+def test_direction_rule_is_the_issues_spelling_of_rule():
+    assert parse_spec(_with("verdict", {"direction_rule": "every-leg"})).policy.rule == "every-leg"
+    with pytest.raises(SpecError, match="verdict.direction_rule: expected one of rank, every-leg"):
+        parse_spec(_with("verdict", {"direction_rule": "most-legs"}))
+    with pytest.raises(SpecError, match="not both"):
+        parse_spec(_with("verdict", {"rule": "rank", "direction_rule": "rank"}))
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(SpecError, match="cannot read grid spec"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="bad.yaml: not valid YAML"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match="--backend"):
+        parse_spec(GOOD).with_backend("tpu")

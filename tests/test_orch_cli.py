@@ -1,0 +1,90 @@
+"""`orchestrator gate` as a user runs it: a subprocess, exit codes, messages, the `--json` line.
+
+The end-to-end test gates a clone of this very repository with the embedded default (a local Ray,
+one box named after the host); the others are the usage and provenance errors that must exit 2
+before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from orch_helpers import PASSING_TEST, REPO_ROOT, make_stub_repo, snapshot_clone, suite  # noqa: E402
+
+ORCH = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["HOME"] = str(tmp_path / "home")  # the default box lock, ~/gpu.lock, lands in tmp
+    env.setdefault("REGATE_CACHE", str(Path.home() / ".cache" / "regate" / "checkpoints"))
+    return env
+
+
+def _orch(args: list[str], cwd: Path, tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(ORCH + args, cwd=cwd, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def stub(tmp_path):
+    return make_stub_repo(tmp_path / "repo", [suite("fast", "tests/test_ok.py", 2, 3)],
+                          {"tests/test_ok.py": PASSING_TEST})
+
+
+@pytest.mark.slow
+def test_gate_head_of_this_repo_end_to_end(tmp_path):
+    clone = snapshot_clone(REPO_ROOT, tmp_path / "clone")
+    r = _orch(["gate", "--head", "HEAD", "--json"], clone, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = json.loads(r.stdout.strip().splitlines()[-1])
+    sha = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert line["state"] == "PASSED" and line["head_sha"] == sha.strip()
+    assert line["md5_head"] == line["md5_box"] and line["backend"] in ("cpu", "cuda")
+    assert line["suites"] and all(s["state"] in ("GREEN", "NOT_RUN") for s in line["suites"])
+    assert any(s["state"] == "GREEN" and s["tests_passed"] == s["census_tests"] for s in line["suites"])
+    if line["backend"] == "cpu":
+        assert {"what": "CUDA gates", "why": "no CUDA gate was run: this box has no GPU"} in line["not_run"]
+    assert Path(clone, line["report_path"]).is_file()
+    shown = _orch(["show", line["run_id"][:18]], clone, tmp_path)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "PASSED"
+    listed = _orch(["runs", "--json"], clone, tmp_path)
+    assert json.loads(listed.stdout.splitlines()[0])["run_id"] == line["run_id"]
+
+
+def test_unknown_revision_exits_2_and_writes_nothing(stub, tmp_path):
+    r = _orch(["gate", "--head", "no-such-branch", "--json"], stub, tmp_path)
+    assert r.returncode == 2 and "unknown revision 'no-such-branch'" in r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["exit_code"] == 2
+    assert not (stub / ".regate").exists()
+
+
+def test_not_a_repo_exits_2(tmp_path):
+    (tmp_path / "plain").mkdir()
+    r = _orch(["gate", "--head", "HEAD"], tmp_path / "plain", tmp_path)
+    assert r.returncode == 2 and "not a git repository" in r.stderr
+
+
+def test_malformed_config_exits_2_naming_the_key(stub, tmp_path):
+    cfg = tmp_path / "orchestrator.yaml"
+    cfg.write_text("boxes:\n  - {name: a, gpus: many}\n")
+    r = _orch(["gate", "--head", "HEAD", "--config", str(cfg)], stub, tmp_path)
+    assert r.returncode == 2 and "boxes[0].gpus: expected a whole number >= 0, found 'many'" in r.stderr
+    assert not (stub / ".regate").exists()
+
+
+def test_unknown_box_exits_2(stub, tmp_path):
+    r = _orch(["gate", "--head", "HEAD", "--box", "nosuch"], stub, tmp_path)
+    assert r.returncode == 2 and "unknown box 'nosuch'" in r.stderr
+    assert not (stub / ".regate").exists()
+
+
+def test_show_unknown_run_exits_2(stub, tmp_path):
+    r = _orch(["show", "nope"], stub, tmp_path)
+    assert r.returncode == 2 and "no run 'nope'" in r.stderr

@@ -1,0 +1,218 @@
+"""The orchestrator on a two-box Ray cluster (`ray.cluster_utils.Cluster`, fake `box:A`/`box:B`).
+
+One cluster serves the whole module (Ray startup is the slow part); each test gates a small stub repo
+whose build and suites are fast fakes, and checks the stored record, the exit state and that nothing
+is left behind: no half-written row, no unpacked tree, no held lock, no surviving suite process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from orch_helpers import DISABLED, ENABLED, PASSING_TEST, hanging_test, make_stub_repo, slow_test, suite  # noqa: E402
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from orchestrator import db  # noqa: E402
+from orchestrator.config import CUDA_MARKER, BoxConfig, Config, Timeouts  # noqa: E402
+from orchestrator.gate import run_gate  # noqa: E402
+from orchestrator.job import HOOK_CORRUPT  # noqa: E402
+
+
+def _ray_children() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [p for p in me.children(recursive=True) if _is_ray(p)]
+
+
+def _is_ray(p: psutil.Process) -> bool:
+    try:
+        return any(k in " ".join(p.cmdline()) for k in ("raylet", "gcs_server", "ray::", "default_worker"))
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"box:A": 1}})
+    node_b = c.add_node(num_cpus=2, resources={"box:B": 1})
+    ray.init(address=c.address, log_to_driver=False, include_dashboard=False)
+    try:
+        yield {"address": c.address, "node_b": node_b.node_id}
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        os.environ.pop("RAY_ADDRESS", None)
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved
+        leaked = [p for p in _ray_children() if p.status() != psutil.STATUS_ZOMBIE]
+        assert not leaked, f"Ray processes left behind: {[p.pid for p in leaked]}"
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A config with boxes A and B (locks in tmp), the ledger and work dir in tmp."""
+    def config(**timeouts) -> Config:
+        boxes = (BoxConfig("A", lock_path=str(tmp_path / "A.lock")),
+                 BoxConfig("B", lock_path=str(tmp_path / "B.lock")),
+                 BoxConfig("C", lock_path=str(tmp_path / "C.lock")))
+        t = Timeouts(**({"schedule_s": 30, "heartbeat_s": 0.5} | timeouts))
+        return Config(boxes=boxes, db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports",
+                      work_dir=tmp_path / "work", trusted_root=tmp_path / "repo", timeouts=t)
+    (tmp_path / "work").mkdir()
+    return tmp_path, config
+
+
+def _repo(tmp_path: Path, tests: dict[str, str] | None = None, suites=None, marker=DISABLED) -> Path:
+    suites = suites or [suite("fast", "tests/test_ok.py", 2, 3)]
+    return make_stub_repo(tmp_path / "repo", suites, tests or {"tests/test_ok.py": PASSING_TEST}, marker)
+
+
+def _row_state(cfg: Config, run_id: str) -> str:
+    return db.state_of(db.connect(cfg.db_path), run_id)
+
+
+def _assert_clean(tmp_path: Path, cfg: Config, rec: dict) -> None:
+    """Final state stored, no unpacked tree left, every box lock free."""
+    assert _row_state(cfg, rec["run_id"]) == rec["state"]
+    assert list((tmp_path / "work").iterdir()) == []
+    for b in "ABC":
+        assert subprocess.run(["flock", "-n", str(tmp_path / f"{b}.lock"), "true"]).returncode == 0
+
+
+def test_job_pinned_to_b_runs_on_b(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    repo = _repo(tmp_path)
+    events = []
+    rec = run_gate(cfg, "HEAD", str(repo), box="B", progress=events.append)
+    assert rec["state"] == "PASSED", rec["error"]
+    assert rec["box"]["name"] == "B" and rec["box"]["node_id"] == cluster["node_b"]  # the worker says so
+    assert rec["provenance"]["md5_head"] == rec["provenance"]["md5_box"]
+    assert rec["suites"][0]["state"] == "GREEN" and rec["lock"]["path"] == str(tmp_path / "B.lock")
+    assert {"what": "CUDA gates", "why": "no CUDA gate was run: this box has no GPU"} in rec["not_run"]
+    assert [e["name"] for e in events if e["event"] == "started"] == ["B"]
+    _assert_clean(tmp_path, cfg, rec)
+    again = run_gate(cfg, "HEAD", str(repo), box="B")  # idempotent: the recorded result comes back
+    assert again["run_id"] == rec["run_id"]
+    forced = run_gate(cfg, "HEAD", str(repo), box="B", force=True)
+    assert forced["run_id"] != rec["run_id"] and forced["state"] == "PASSED"
+
+
+def test_two_jobs_on_one_box_serialize(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    log = tmp_path / "slow.log"
+    repo = _repo(tmp_path, {"tests/test_slow.py": slow_test(log, 1.0)}, [suite("slow", "tests/test_slow.py", 1, 1)])
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(run_gate(cfg, "HEAD", str(repo), "A", force=True)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r["state"] for r in results] == ["PASSED", "PASSED"]
+    words = [line.split()[0] for line in log.read_text().splitlines()]
+    assert words == ["start", "end", "start", "end"]  # never two suites on the box at once
+
+
+def test_md5_mismatch_is_refused(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "A", hooks=(HOOK_CORRUPT,))
+    assert rec["state"] == "ERROR" and "md5 mismatch" in rec["error"]
+    assert rec["provenance"]["md5_box"] != rec["provenance"]["md5_head"] and rec["suites"] == []
+    assert rec["build"] is None  # refused before anything was built
+    _assert_clean(tmp_path, cfg, rec)
+
+
+def test_missing_required_marker_is_a_degraded_build(cluster, env):
+    tmp_path, config = env
+    base = config()
+    cfg = Config(**{**base.__dict__, "boxes": (BoxConfig("A", str(tmp_path / "A.lock"), 0, (CUDA_MARKER,)),)})
+    rec = run_gate(cfg, "HEAD", str(_repo(tmp_path, marker=DISABLED)), "A")
+    assert rec["state"] == "ERROR" and rec["error"].startswith("degraded build: required marker(s) missing")
+    assert rec["build"]["missing"] == [CUDA_MARKER] and rec["suites"] == [] and rec["lock"] is None
+    _assert_clean(tmp_path, cfg, rec)
+    ok = run_gate(cfg, "HEAD", str(_repo(tmp_path / "2", marker=ENABLED)), "A")
+    assert ok["state"] == "PASSED" and ok["build"]["markers"] == [ENABLED]
+
+
+def test_box_not_in_cluster_fails_fast(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "C")
+    assert rec["state"] == "ERROR" and "box 'C' is not in the Ray cluster (boxes there: A, B)" in rec["error"]
+    _assert_clean(tmp_path, cfg, rec)
+
+
+def test_lock_held_by_flock_times_out(cluster, env):
+    tmp_path, config = env
+    cfg = config(lock_s=1)
+    lock = tmp_path / "A.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
+    try:
+        while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
+            pass
+        rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "A")
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert rec["state"] == "ERROR" and f"box lock {lock}: still held by another process after 1 s" in rec["error"]
+    assert rec["suites"] == []
+    _assert_clean(tmp_path, cfg, rec)
+
+
+def test_hanging_suite_is_killed(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    pids = tmp_path / "pids"
+    repo = _repo(tmp_path, {"tests/test_hang.py": hanging_test(pids), "tests/test_ok.py": PASSING_TEST},
+                 [suite("hang", "tests/test_hang.py", 1, 1, timeout_s=8), suite("fast", "tests/test_ok.py", 2, 3)])
+    rec = run_gate(cfg, "HEAD", str(repo), "B")
+    assert rec["state"] == "FAILED"
+    assert [s["state"] for s in rec["suites"]] == ["TIMEOUT", "GREEN"]  # the next suite still ran
+    assert "process group was killed" in rec["suites"][0]["reasons"][0]
+    assert all(_gone(p) for p in map(int, pids.read_text().split()))
+    _assert_clean(tmp_path, cfg, rec)
+
+
+def test_worker_killed_mid_gate_is_lost_and_frees_the_lock(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    pids = tmp_path / "pids"
+    repo = _repo(tmp_path, {"tests/test_hang.py": hanging_test(pids)}, [suite("hang", "tests/test_hang.py", 1, 1)])
+    worker = {}
+
+    def kill_worker_when_suite_starts(ev: dict) -> None:
+        if ev["event"] == "started":
+            worker["pid"] = ev["pid"]
+        if ev["event"] == "suite" and ev["status"] == "start":
+            while not pids.exists() or not pids.read_text():
+                pass
+            os.kill(worker["pid"], signal.SIGKILL)
+    rec = run_gate(cfg, "HEAD", str(repo), "A", progress=kill_worker_when_suite_starts)
+    assert rec["state"] == "LOST" and "died" in rec["error"]
+    assert _row_state(cfg, rec["run_id"]) == "LOST"
+    assert subprocess.run(["flock", "-w", "10", str(tmp_path / "A.lock"), "true"]).returncode == 0
+    for pid in map(int, pids.read_text().split()):  # the suite and what it started died with the worker
+        assert _gone(pid), f"pid {pid} outlived the killed worker"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout=10)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True

@@ -1,0 +1,91 @@
+"""`orchestrator report RUN` and `orchestrator owed` over a stored database."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import report_records as rr
+from orchestrator import db, owed
+from orchestrator.commands import owed as owed_cmd
+from orchestrator.commands import report as report_cmd
+
+SHA = rr.BASE["head"]["sha"]
+
+
+@pytest.fixture
+def app():
+    a = typer.Typer()
+    report_cmd.register(a)
+    owed_cmd.register(a)
+    return a
+
+
+@pytest.fixture
+def dbfile(tmp_path):
+    path = tmp_path / "regate.db"
+    conn = db.connect(path)
+    for i, rec in enumerate((rr.seed_record(run_id="20261130T070000Z-fa6ef3fe-aaaa"), rr.error_record())):
+        rec["created_at"] = f"2026-11-30T0{7 + i}:00:00Z"
+        db.insert_queued(conn, rec, f"k{i}")
+        state = rec["state"] = "ERROR" if rec["run_id"] == "r-err" else "PASSED"
+        rec.update(state=state, finished_at=rec["created_at"])
+        db.finish(conn, rec, sync=owed.sync_from_record)
+    conn.close()
+    return path
+
+
+def run(app, *args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_report_html_rerenders_from_the_stored_record(app, dbfile, tmp_path):
+    out = tmp_path / "reports"
+    res = run(app, "report", "20261130T070000Z-fa6ef", "--db", dbfile, "--out", out)
+    assert res.exit_code == 0, res.output
+    page = (out / "20261130T070000Z-fa6ef3fe-aaaa.html").read_text()
+    assert res.output.strip().endswith("20261130T070000Z-fa6ef3fe-aaaa.html")
+    owed_part = page.split('<section id="owed">')[1].split('<section id="residency">')[0]
+    assert "dequant legs disagree by 7.9%" in owed_part
+    assert "opened by run" in owed_part and "The owed ledger was not consulted" not in owed_part
+    index = (out / "index.html").read_text()
+    assert index.index("r-err") < index.index("20261130T070000Z-fa6ef3fe-aaaa")  # newest first
+
+
+def test_report_md_prints_the_pr_body(app, dbfile):
+    res = run(app, "report", "r-err", "--db", dbfile, "--format", "md")
+    assert res.exit_code == 0, res.output
+    assert "**regate ERROR**" in res.output and "### Not run" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("report", "nope"), "no run 'nope'"),
+    (("report", "r-err", "--format", "pdf"), "--format must be one of html, md"),
+])
+def test_report_errors_exit_2(app, dbfile, args, message):
+    res = run(app, *args, "--db", dbfile)
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_report_without_a_database_exits_2_and_creates_none(app, tmp_path):
+    res = run(app, "report", "x", "--db", tmp_path / "missing.db")
+    assert res.exit_code == 2 and "no regate database" in res.output
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_owed_lists_filters_and_closes(app, dbfile):
+    res = run(app, "owed", "--db", dbfile, "--json")
+    items = json.loads(res.output)["owed"]
+    assert res.exit_code == 0 and {i["what"] for i in items} == {"magnitude", "direction"}
+    assert json.loads(run(app, "owed", "--db", dbfile, "--head", "c0ffee", "--json").output)["owed"] == []
+    assert len(json.loads(run(app, "owed", "--db", dbfile, "--head", SHA[:10], "--json").output)["owed"]) == 2
+    target = items[0]["id"]
+    assert run(app, "owed", "--db", dbfile, "--close", target).exit_code == 2
+    res = run(app, "owed", "--db", dbfile, "--close", target, "--reason", "settled by hand on the operator's box")
+    assert res.exit_code == 0 and f"closed #{target}" in res.output
+    left = json.loads(run(app, "owed", "--db", dbfile, "--json").output)["owed"]
+    assert [i["id"] for i in left] == [items[1]["id"]]
+    res = run(app, "owed", "--db", dbfile, "--head", "not-a-rev", "--repo", dbfile.parent)
+    assert res.exit_code == 2 and "unknown revision" in res.output

@@ -1,0 +1,126 @@
+"""The service's job queue over a real SQLite ledger and a real git repository (no Ray)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from orchestrator import db, service_queue as q
+from orchestrator.config import ConfigError
+from orchestrator.provenance import ProvenanceError
+from service_support import config_for, git, make_repo
+
+
+@pytest.fixture
+def env(tmp_path):
+    repo, sha = make_repo(tmp_path)
+    config = config_for(tmp_path, repo)
+    conn = db.connect(config.db_path)
+    q.ensure_schema(conn)
+    yield config, repo, sha, conn
+    conn.close()
+
+
+def finish(conn, run_id, state, grid=None):
+    rec = db.get(conn, run_id)
+    rec.update(state=state, finished_at=db.utc_now(), grid=grid)
+    db.finish(conn, rec)
+
+
+def test_enqueue_then_idempotent_returns(env):
+    config, repo, sha, conn = env
+    rec, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    assert queued and rec["state"] == "QUEUED" and rec["head"]["sha"] == sha
+    assert db.state_of(conn, rec["run_id"]) == "QUEUED"
+    again, queued = q.enqueue(conn, config, repo, sha, None, None, True, "api")  # same gate, pending
+    assert (again["run_id"], queued) == (rec["run_id"], False)
+    finish(conn, rec["run_id"], "PASSED")
+    done, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    assert (done["run_id"], done["state"], queued) == (rec["run_id"], "PASSED", False)
+    forced, queued = q.enqueue(conn, config, repo, "main", "boxa", None, True, "api")
+    assert queued and forced["run_id"] != rec["run_id"]
+    grid, queued = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    assert queued and grid["run_id"] not in (rec["run_id"], forced["run_id"])  # another gate set
+
+
+def test_an_errored_gate_is_queued_again(env):
+    config, repo, _, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    finish(conn, rec["run_id"], "ERROR")
+    again, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    assert queued and again["run_id"] != rec["run_id"]
+
+
+@pytest.mark.parametrize("rev, box, grid, error, message", [
+    ("nope", "boxa", None, ProvenanceError, "unknown revision 'nope'"),
+    ("main", "boxz", None, ConfigError, "unknown box 'boxz'"),
+    ("main", "boxa", "nogrid", q.QueueError, "grid spec 'nogrid'"),
+])
+def test_bad_requests_write_nothing(env, rev, box, grid, error, message):
+    config, repo, _, conn = env
+    with pytest.raises(error, match=message):
+        q.enqueue(conn, config, repo, rev, box, grid, False, "api")
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM service_jobs").fetchone()[0] == 0
+
+
+def test_claims_are_oldest_first_once_each_per_box(env):
+    config, repo, _, conn = env
+    first, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    second, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    a = q.claim_next(conn, "boxa")
+    b = q.claim_next(conn, "boxa")
+    assert (a.run_id, b.run_id) == (first["run_id"], second["run_id"]) and b.grid == "smoke"
+    assert q.claim_next(conn, "boxa") is None and q.claim_next(conn, "boxb") is None
+    q.requeue(conn, a.run_id)  # the box never started it: back in the queue
+    assert q.claim_next(conn, "boxa").run_id == a.run_id
+
+
+def test_an_interrupted_run_becomes_lost_after_the_heartbeat_deadline(env):
+    config, repo, _, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    q.claim_next(conn, "boxa")
+    db.mark_running(conn, rec, "task-1")
+    q.mark_started(conn, rec["run_id"])
+    q.mark_interrupted(conn, rec, "the service stopped (SIGTERM) while the job ran")
+    stored = db.get(conn, rec["run_id"])
+    assert stored["state"] == "RUNNING" and "SIGTERM" in stored["interrupted"]["why"]
+    assert q.reconcile(conn, stale_s=60) == []  # within the deadline: still RUNNING
+    conn.execute("UPDATE runs SET heartbeat = ?", (time.time() - 61,))
+    assert q.reconcile(conn, stale_s=60) == [rec["run_id"]]
+    lost = db.get(conn, rec["run_id"])
+    assert lost["state"] == "LOST" and lost["error"].startswith("interrupted: the service stopped (SIGTERM)")
+
+
+def test_queued_jobs_survive_a_restart_and_the_stale_sweep(env):
+    config, repo, _, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    q.claim_next(conn, "boxa")  # claimed by a service that then died before the box started it
+    conn.execute("UPDATE runs SET heartbeat = ?", (time.time() - 600,))
+    assert q.release_unstarted(conn) == 1
+    q.beat_queued(conn)
+    assert q.reconcile(conn, stale_s=60) == []
+    assert db.state_of(conn, rec["run_id"]) == "QUEUED"
+    assert q.claim_next(conn, "boxa").run_id == rec["run_id"]
+
+
+def test_has_binding_grid(env):
+    config, repo, sha, conn = env
+
+    def grid(*states):
+        return {"spec": "smoke", "cells": [{"verdict": {"magnitude": {"state": s}}} for s in states]}
+    assert not q.has_binding_grid(conn, sha, "smoke", "boxa")
+    owed, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    finish(conn, owed["run_id"], "PASSED", grid("binding", "owed"))
+    assert not q.has_binding_grid(conn, sha, "smoke", "boxa")
+    binding, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", True, "api")
+    finish(conn, binding["run_id"], "PASSED", grid("binding", "binding"))
+    assert q.has_binding_grid(conn, sha, "smoke", "boxa")
+    assert q.has_binding_grid(conn, sha, "grids/smoke.yaml", "boxa")
+    assert not q.has_binding_grid(conn, sha, "other", "boxa")
+    assert not q.has_binding_grid(conn, sha, "smoke", "boxb")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "next")
+    assert not q.has_binding_grid(conn, git(repo, "rev-parse", "HEAD"), "smoke", "boxa")
+    assert json.loads(conn.execute("SELECT record FROM runs WHERE run_id = ?",
+                                   (binding["run_id"],)).fetchone()[0])["grid"]["spec"] == "smoke"

@@ -1,0 +1,100 @@
+"""SIGTERM on a real `orchestrator serve` subprocess with a gate in flight: a clean exit, the run
+recorded as interrupted (then LOST past the heartbeat deadline), and nothing left running."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator import db, service_queue
+from orchestrator.config import load_config
+from service_support import make_repo, write_config
+
+ORCHESTRATOR = Path(sys.executable).with_name("orchestrator")
+TAG = "REGATE_SERVICE_TEST_TAG"
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Every process that inherited our tag: the service, its Ray, the box worker, the suite."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(TAG) == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    assert ready, "orchestrator serve printed nothing"
+    return proc.stdout.readline().decode()
+
+
+def wait_for(pred, timeout_s: float, step_s: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return pred()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
+    repo, sha = make_repo(tmp_path)
+    cfg_path = write_config(tmp_path, repo)
+    config = load_config(cfg_path)
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG: tag, "REGATE_TEST_SUITE_SLEEP_S": "600", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(ORCHESTRATOR), "serve", "--port", "0", "--repo", str(repo),
+                                 "--config", str(cfg_path)], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+    try:
+        line = first_line(proc, 120)
+        assert line.startswith("serving http://127.0.0.1:"), line + log_path.read_text()
+        url = line.split()[1]
+        req = urllib.request.Request(f"{url}/api/gate", data=json.dumps({"head": "main"}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            run_id = json.loads(resp.read())["run_id"]
+        # The suite sleeps: wait until it runs on the box, then stop the service under it.
+        assert wait_for(lambda: f"run {run_id}: quick start" in log_path.read_text(), 180), \
+            log_path.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+        assert "stopped cleanly" in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+    leftovers = []
+    assert wait_for(lambda: not (leftovers := tagged(tag)), 30), \
+        [(p.pid, p.name()) for p in tagged(tag)] or leftovers
+    conn = db.connect(config.db_path)
+    try:
+        rec = db.get(conn, run_id)
+        assert rec["state"] == "RUNNING" and rec["head"]["sha"] == sha
+        assert "SIGTERM" in rec["interrupted"]["why"]
+        # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why.
+        assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s) == [run_id], 30)
+        lost = db.get(conn, run_id)
+        assert lost["state"] == "LOST" and lost["error"].startswith("interrupted: the service stopped (SIGTERM)")
+    finally:
+        conn.close()
