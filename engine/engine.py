@@ -55,7 +55,9 @@ class Engine:
         self.num_blocks = num_blocks or max_num_seqs * blocks_for(self.max_model_len, block_size)
         self.max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
         self._block_order = block_order
-        self._cuda_graphs = backend == "cuda" if cuda_graphs is None else cuda_graphs
+        # W4A4's emulated activation quantization uploads a table per call: it cannot be recorded.
+        w4a4 = any(getattr(lin, "w4a4", False) for lin in _residency.iter_linears(self.model))
+        self._cuda_graphs = (backend == "cuda" and not w4a4) if cuda_graphs is None else cuda_graphs
         self._runner: ModelRunner | None = None
         self.last_topk: list[list[TopK]] = []
 
@@ -65,8 +67,10 @@ class Engine:
     def residency(self) -> dict:
         return _residency.residency(self.model)
 
+    @torch.inference_mode()
     def runner(self) -> ModelRunner:
-        """The caches and (on CUDA) the decode graphs, allocated on first use."""
+        """The caches and (on CUDA) the decode graphs, allocated on first use (in inference mode,
+        like every step that later writes them)."""
         if self._runner is None:
             cfg, dtype = self.model.config, compute_dtype(self.backend)
             bm = BlockManager(self.num_blocks, self.block_size, self.max_num_seqs, self._block_order)

@@ -98,7 +98,7 @@ def load_head(w: Nvfp4Weight | torch.Tensor, arm: str, gemm: Fp4Gemm | None):
         return DenseLinear("lm_head", w, role="head")
     if arm == "dequant":  # BF16 at load; the packed bytes go with the Nvfp4Weight
         return DenseLinear("lm_head", w.dequantize(torch.bfloat16), role="head")
-    w.keep_dequant_b = False  # packed without a GEMM: one BF16 operand, built at prepare
+    w.keep_dequant_b = gemm is None  # packed without a GEMM: one BF16 operand, built at prepare
     return Nvfp4Linear(w, gemm, role="head", w4a4=False)
 
 

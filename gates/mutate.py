@@ -67,7 +67,7 @@ def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
         return SURVIVED, f"suite timed out after {run['timeout_s']:.0f} s: red by a hang proves nothing"
     n = run["failures"]
     if n >= pin.expected_min:
-        return KILLED, f"{n} failure(s), at least {pin.expected_min} expected"
+        return KILLED, f"{n} failure(s), at least {pin.expected_min} expected ({run['detail']})"
     if n == 0:
         return SURVIVED, "suite green under the mutation"
     return SURVIVED, f"only {n} failure(s), the pin expects at least {pin.expected_min}"
@@ -88,22 +88,25 @@ def run_suite_copy(root: Path, suite: Suite, select: tuple[str, ...], python: st
 
 
 def run_suite(tree: Path, suite: Suite, select: tuple[str, ...], python: str) -> dict:
-    """Run the suite (or `select` within it) under the census plugin in `tree`; failures counted."""
-    out = tree / ".regate-census.json"
-    env = {"OMP_NUM_THREADS": "1", **os.environ, ENV_OUT: str(out), "PYTHONPATH": _pythonpath(tree),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    args = [python, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
-            "--rootdir", str(tree), *(select or suite.selection)]
-    try:
-        p = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=suite.timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"timed_out": True, "timeout_s": suite.timeout_s, "failures": 0, "detail": "timeout"}
-    if not out.is_file():
-        tail = (p.stdout + p.stderr).strip()[-500:]
-        return {"failures": 1, "rc": p.returncode, "detail": f"no census record (rc {p.returncode}): {tail}"}
-    record = json.loads(out.read_text())
-    return {"failures": failure_count(record), "rc": p.returncode, "record": record,
-            "detail": _summary(record)}
+    """Run the suite (or `select` within it) under the census plugin in `tree`, as the orchestrator
+    does; returns {failures, rc, record (the census record), detail} (or timed_out). Writes nothing
+    into `tree` (the census record goes to a temp dir; no bytecode, no pytest cache)."""
+    with tempfile.TemporaryDirectory(prefix="regate-census-") as tmp:
+        out = Path(tmp) / "census.json"
+        python = os.path.abspath(python) if os.sep in python else python  # the run's cwd is the tree
+        env = {"OMP_NUM_THREADS": "1", **os.environ, ENV_OUT: str(out), "PYTHONPATH": _pythonpath(tree),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        args = [python, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
+                "--rootdir", str(tree), *(select or suite.selection)]
+        try:
+            p = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=suite.timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"timed_out": True, "timeout_s": suite.timeout_s, "failures": 0, "detail": "timeout"}
+        if not out.is_file():
+            tail = (p.stdout + p.stderr).strip()[-500:]
+            return {"failures": 1, "rc": p.returncode, "detail": f"no census record (rc {p.returncode}): {tail}"}
+        record = json.loads(out.read_text())
+    return {"failures": failure_count(record), "rc": p.returncode, "record": record, "detail": _summary(record)}
 
 
 def _pythonpath(tree: Path) -> str:
@@ -113,5 +116,11 @@ def _pythonpath(tree: Path) -> str:
 
 
 def _summary(record: dict) -> str:
-    return (f"tests {record['tests_passed']}/{record['tests_total']}, "
+    text = (f"tests {record['tests_passed']}/{record['tests_total']}, "
             f"checks {record['checks_passed']}/{record['checks_total']}")
+    bad = [(n, t) for n, t in record["tests"].items() if t["outcome"] in ("failed", "error")]
+    if bad:
+        name, t = bad[0]
+        first = (t["message"] or t["outcome"]).splitlines()[0][:200]
+        text += f"; first red: {name}: {first}"
+    return text

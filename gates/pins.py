@@ -75,7 +75,8 @@ def load_pin(path: Path) -> Pin:
     for k in ("suite", "expected_min", "why"):
         if k not in raw:
             raise PinError(f"{path}: missing key {k!r}")
-    if not isinstance(raw["expected_min"], int) or isinstance(raw["expected_min"], bool) or raw["expected_min"] < 1:
+    least = raw["expected_min"]
+    if not isinstance(least, int) or isinstance(least, bool) or least < 1:
         raise PinError(f"{path}: expected_min: expected a positive integer, found {raw['expected_min']!r}")
     if ("edits" in raw) == ("patch" in raw):
         raise PinError(f"{path}: exactly one of 'edits' and 'patch' is required")
@@ -136,7 +137,8 @@ def function_span(text: str, function: str, file: str) -> tuple[int, int]:
     target = function.split(".")
     spans = [n for n in _defs(tree, ()) if n[0][-len(target):] == tuple(target)]
     if len(spans) != 1:
-        raise PinStale(f"{file}: function {function}() " + ("is gone" if not spans else "is defined more than once"))
+        why = "is gone" if not spans else "is defined more than once"
+        raise PinStale(f"{file}: function {function}() {why}")
     _, node = spans[0]
     starts = [0]
     for line in text.splitlines(keepends=True):

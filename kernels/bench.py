@@ -3,8 +3,9 @@
 One run measures, on the same device: its read bandwidth (a large FP32 reduction), the packed
 kernel, cuBLAS BF16 on the dequantized weight (the dequant arm), torch's int4 tinygemm at group 32
 (a shipped W4A16 peer) and the bandwidth floor (packed bytes / read bandwidth), at the 27B lm_head
-and tower shapes for each M. Times are medians of many reps (triton.testing.do_bench); each arm
-rotates over enough weight copies that the 60 MB L2 cannot serve a repeat. Prints a table for
+and tower shapes for each M. Times are medians of many reps of calls replayed from a CUDA graph
+(triton.testing.do_bench_cudagraph; the engine's decode runs in graphs too); each arm rotates over
+enough weight copies that the 60 MB L2 cannot serve a repeat. Prints a table for
 people, then one JSON line for machines. `--sweep` times candidate configs instead (kernels/sweep.py).
 """
 from __future__ import annotations
@@ -35,16 +36,21 @@ L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES  # each arm cycles through at least this many weight bytes
 
 
-def median_ms(fn, rep_ms: int = 100) -> float:
+def median_ms(fn, rep_ms: int = 100, graph: bool = True) -> float:
+    """Median ms per call. `graph`: replay calls captured in a CUDA graph, as the engine's decode
+    does, so the time is the GPU's and not Python's launch overhead (which alone is ~20-50 us for
+    one Triton launch and would swamp the tower shapes)."""
     import triton.testing
 
+    if graph:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return float(triton.testing.do_bench(fn, warmup=20, rep=rep_ms, return_mode="median"))
 
 
 def read_bandwidth_gbps(n_bytes: int = 4 * 2**30) -> float:
     """Bytes read per second by a sum over a buffer far larger than L2."""
     buf = torch.ones(n_bytes // 4, dtype=torch.float32, device="cuda")
-    ms = median_ms(lambda: buf.sum())
+    ms = median_ms(lambda: buf.sum(), graph=False)
     del buf
     return n_bytes / (ms * 1e-3) / 1e9
 
@@ -143,12 +149,19 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/sweep.py)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
+    ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of TABLE")
     a = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
     ms = [int(v) for v in a.ms.split(",")]
     if a.sweep:
         from kernels.sweep import sweep
-        return sweep(shapes, ms)
+        return sweep(shapes, ms, a.sweep_out)
+    if a.table_from:
+        from kernels.sweep import table_from_sweep
+        with open(a.table_from) as f:
+            tuning.TABLE = table_from_sweep(json.loads(f.readline())["results"])
+        print("TABLE =", tuning.TABLE, file=__import__("sys").stderr)
     read_gbps = read_bandwidth_gbps()
     rows = [bench_row(name, n, k, m, read_gbps) for name, (n, k) in shapes.items() for m in ms]
     if not a.json:

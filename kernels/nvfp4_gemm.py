@@ -118,22 +118,25 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor,
     y = _output(out, m, n, x.device, name)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     grid = (triton_cdiv(n, cfg.block_n), triton_cdiv(m, cfg.block_m), splits)
-    args = (x, packed, block_scale.view(torch.uint8), out, m, n, k, k_per_split,
-            x.stride(0), packed.stride(0), block_scale.stride(0), n, m * n,
+    words = packed.view(torch.int32)  # [N, K/8]: K % 16 == 0 makes every row whole words
+    args = (x, words, block_scale.view(torch.uint8), out, m, n, k, k_per_split,
+            x.stride(0), words.stride(0), block_scale.stride(0), n, m * n,
             float(global_scale) * _OUT_SCALE_SHIFT)
-    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=even_k, SPLIT=splits,
-                num_warps=cfg.num_warps)
-    if cfg.algo == "gemv":
-        words = packed.view(torch.int32)  # [N, K/8], K % 16 == 0 makes every row whole words
-        kt.gemv_kernel[grid](args[0], words, *args[2:9], words.stride(0), *args[10:], **meta,
-                             USE_ASM=x.is_cuda, num_stages=cfg.num_stages)
-    else:
-        dot_dtype = kt.tl.bfloat16 if x.is_cuda else kt.tl.float32
-        kt.mma_kernel[grid](*args, **meta, NUM_STAGES=cfg.num_stages, DOT_DTYPE=dot_dtype)
+    if cfg.algo == "mma":
+        args = (permute_x_for_mma(x), *args[1:])
+    kernel = kt.gemv_kernel if cfg.algo == "gemv" else kt.mma_kernel
+    kernel[grid](*args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=even_k,
+                 SPLIT=splits, NUM_STAGES=cfg.num_stages, USE_ASM=x.is_cuda, num_warps=cfg.num_warps)
     if splits > 1:
         block = 1024
         kt.reduce_splits_kernel[(triton_cdiv(m * n, block),)](out, y, m * n, SPLIT=splits, BLOCK=block)
     return y
+
+
+def permute_x_for_mma(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> x with each 8 columns in the MMA kernel's weight order 0 4 1 5 2 6 3 7 (a copy)."""
+    m, k = x.shape
+    return x.view(m, k // 8, 2, 4).transpose(-1, -2).reshape(m, k)
 
 
 def _output(out: torch.Tensor | None, m: int, n: int, device, name: str) -> torch.Tensor:

@@ -20,23 +20,14 @@ nibbles meet the even columns of x and the high nibbles the odd ones.
 `gemv_kernel`: small M. FMA + reductions; the block scale multiplies a 16-element partial sum once
 instead of every element. `mma_kernel`: larger M, "swap AB": the dequantized weight tile is the A
 operand [BLOCK_N, BLOCK_K/2] and x^T the B operand, so the tensor-core tile's narrow side is M.
-Both take a split-K grid axis for shapes whose N alone cannot fill the SMs. `DOT_DTYPE` is BF16 on
-the GPU; FP32 only under Triton's CPU interpreter, whose BF16 tl.dot is broken (same values: the
-dequantized weight and x are exact in either).
+Both take a split-K grid axis for shapes whose N alone cannot fill the SMs. `USE_ASM` is set on the
+GPU; under Triton's CPU interpreter (no PTX there) plain-Triton twins decode the same bits and the
+dot runs in FP32 (the interpreter's BF16 tl.dot is broken; the values are exact in either).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _e2m1_pair(b):
-    """u8 tile -> (low, high) nibble values as FP16, each e2m1 * 2^-14."""
-    b = b.to(tl.uint16)
-    lo = ((b & 0x7) << 9) | ((b & 0x8) << 12)
-    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
-    return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -97,29 +88,45 @@ def _split8(x):
 
 
 @triton.jit
+def _e2m1_word_bf16_asm(q, mult):
+    """int32 word of 8 nibbles and an FP32 multiplier -> 8 BF16 values e2m1 * 2^-126 * mult.
+
+    Nibbles j and j+4 go to the two BF16 lanes of one register (magnitude at bits 6..8, the low
+    exponent bits and top mantissa bit; sign at 15), a BF16 of value e2m1 * 2^-126 (0.5 lands on a
+    BF16 subnormal, which mul.bf16x2 handles); one mul.rn.bf16x2 applies the block scale to both.
+    The product e2m1 * e4m3 has at most 6 significant bits, so the BF16 result is exact.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 a, b, s2, w0, w1, w2, w3;
+        cvt.rn.bf16x2.f32 s2, $9, $9;
+        shl.b32 a, $8, 6;  and.b32 a, a, 0x01C001C0; shl.b32 b, $8, 12; and.b32 b, b, 0x80008000; or.b32 w0, a, b;
+        shl.b32 a, $8, 2;  and.b32 a, a, 0x01C001C0; shl.b32 b, $8, 8;  and.b32 b, b, 0x80008000; or.b32 w1, a, b;
+        shr.b32 a, $8, 2;  and.b32 a, a, 0x01C001C0; shl.b32 b, $8, 4;  and.b32 b, b, 0x80008000; or.b32 w2, a, b;
+        shr.b32 a, $8, 6;  and.b32 a, a, 0x01C001C0; and.b32 b, $8, 0x80008000; or.b32 w3, a, b;
+        mul.rn.bf16x2 w0, w0, s2; mul.rn.bf16x2 w1, w1, s2; mul.rn.bf16x2 w2, w2, s2; mul.rn.bf16x2 w3, w3, s2;
+        mov.b32 {$0, $4}, w0; mov.b32 {$1, $5}, w1; mov.b32 {$2, $6}, w2; mov.b32 {$3, $7}, w3;
+        }""",
+        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+        args=[q, mult], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _interleave8(t0, t1, t2, t3, t4, t5, t6, t7):
+    """8 tensors [R, C] (element j of each word) -> [R, 8C] with word c's elements at 8c..8c+7 in the
+    order t0 t4 t1 t5 t2 t6 t3 t7: the pairs the decode made share a 32-bit register already, so the
+    MMA operand needs no byte permutes. The launcher permutes x's columns the same way (the sum over
+    K does not care about order; permuting pointers in-kernel instead made x's loads scalar)."""
+    a0 = tl.join(tl.join(tl.join(t0, t2), tl.join(t1, t3)), tl.join(tl.join(t4, t6), tl.join(t5, t7)))
+    return tl.reshape(a0, [t0.shape[0], t0.shape[1] * 8])
+
+
+@triton.jit
 def _e4m3(b):
     """u8 tile of E4M3 bytes -> FP32, each e4m3 * 2^-8 (exact)."""
     b = b.to(tl.uint16)
     h = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
     return h.to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _load_w(w_ptr, s_ptr, offs_n, n_mask, k0, K, stride_wn, stride_sn,
-            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """One K tile of packed bytes [BLOCK_N, BLOCK_K/2] and its scales [BLOCK_N, BLOCK_K/16]."""
-    # k0 is a multiple of BLOCK_K; saying so keeps the byte loads 16 bytes wide.
-    kb = tl.multiple_of(k0 // 2, BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    ks = tl.multiple_of(k0 // 16, BLOCK_K // 16) + tl.arange(0, BLOCK_K // 16)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + kb[None, :]
-    s_ptrs = s_ptr + offs_n[:, None] * stride_sn + ks[None, :]
-    if EVEN_K:  # no K mask: keeps the byte loads 16 bytes wide
-        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0)
-        s = tl.load(s_ptrs, mask=n_mask[:, None], other=0)
-    else:
-        w = tl.load(w_ptrs, mask=n_mask[:, None] & (kb < K // 2)[None, :], other=0)
-        s = tl.load(s_ptrs, mask=n_mask[:, None] & (ks < K // 16)[None, :], other=0)
-    return w, s
 
 
 @triton.jit
@@ -139,7 +146,8 @@ def _store(y_ptr, acc_mn, offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out
 def gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
                 stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr, SPLIT: tl.constexpr, USE_ASM: tl.constexpr):
+                EVEN_K: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
+                USE_ASM: tl.constexpr):
     """w_ptr: the packed bytes viewed as int32 words [N, K/8] (stride_wn in words)."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,7 +156,7 @@ def gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
     WORDS: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_lo = pid_k * k_per_split  # the launcher splits K into equal whole tiles
-    for kk in range(0, k_per_split, BLOCK_K):
+    for kk in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
         k0 = tl.multiple_of(k_lo + kk, BLOCK_K)
         kw = k0 // 8 + tl.arange(0, WORDS)
         ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
@@ -183,29 +191,45 @@ def mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
                stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                EVEN_K: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
-               DOT_DTYPE: tl.constexpr):
+               USE_ASM: tl.constexpr):
+    """w_ptr: the packed bytes viewed as int32 words [N, K/8] (stride_wn in words); x_ptr: x with
+    each group of 8 columns in _interleave8's order (`permute_x_for_mma`)."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_x = tl.arange(0, BLOCK_K)
+    WORDS: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T tile: swap AB
     k_lo = pid_k * k_per_split
     for kk in tl.range(0, k_per_split, BLOCK_K, num_stages=NUM_STAGES):
-        k0 = k_lo + kk
-        w, s = _load_w(w_ptr, s_ptr, offs_n, n_mask, k0, K, stride_wn, stride_sn, BLOCK_K, EVEN_K)
-        x_mask = (offs_m < M)[:, None] & (k0 + offs_x < K)[None, :]
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_x)[None, :], mask=x_mask, other=0.0)
-        xe, xo = tl.split(tl.reshape(x.to(DOT_DTYPE), [BLOCK_M, BLOCK_K // 2, 2]))
-        lo, hi = _e2m1_pair(w)
-        scale = _e4m3(s)[:, :, None]
-        # e2m1 * e4m3 has at most 6 significant bits: exact in BF16, so the cast loses nothing.
-        lo = tl.reshape(tl.reshape(lo.to(tl.float32), [BLOCK_N, BLOCK_K // 16, 8]) * scale,
-                        [BLOCK_N, BLOCK_K // 2]).to(DOT_DTYPE)
-        hi = tl.reshape(tl.reshape(hi.to(tl.float32), [BLOCK_N, BLOCK_K // 16, 8]) * scale,
-                        [BLOCK_N, BLOCK_K // 2]).to(DOT_DTYPE)
-        acc = tl.dot(lo, tl.trans(xe), acc)
-        acc = tl.dot(hi, tl.trans(xo), acc)
+        k0 = tl.multiple_of(k_lo + kk, BLOCK_K)
+        kw = k0 // 8 + tl.arange(0, WORDS)
+        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            q = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :], mask=n_mask[:, None], other=0)
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + ks[None, :], mask=n_mask[:, None], other=0)
+        else:
+            q = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :],
+                        mask=n_mask[:, None] & (kw < K // 8)[None, :], other=0)
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + ks[None, :],
+                        mask=n_mask[:, None] & (ks < K // 16)[None, :], other=0)
+        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None],
+                     mask=(offs_m < M)[None, :] & (offs_k < K)[:, None], other=0.0)  # x^T [BLOCK_K, BLOCK_M]
+        # one multiplier per word (two words per 16-value block): e4m3 * 2^-8 * 2^112, see _store's scale
+        mult = _e4m3(s) * 5.192296858534828e+33
+        mult = tl.reshape(tl.join(mult, mult), [BLOCK_N, WORDS])
+        if USE_ASM:
+            t0, t1, t2, t3, t4, t5, t6, t7 = _e2m1_word_bf16_asm(q, mult)
+        else:
+            t0, t1, t2, t3, t4, t5, t6, t7 = _e2m1_word_ref(q)
+            t0, t1, t2, t3 = t0 * mult * 2.0**-112, t1 * mult * 2.0**-112, t2 * mult * 2.0**-112, t3 * mult * 2.0**-112
+            t4, t5, t6, t7 = t4 * mult * 2.0**-112, t5 * mult * 2.0**-112, t6 * mult * 2.0**-112, t7 * mult * 2.0**-112
+        w = _interleave8(t0, t1, t2, t3, t4, t5, t6, t7)
+        if USE_ASM:
+            acc = tl.dot(w, xt, acc)
+        else:  # the CPU interpreter's BF16 tl.dot is broken; the values are exact in FP32 too
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc)
     _store(y_ptr, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale, SPLIT)
 
 

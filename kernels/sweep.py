@@ -14,22 +14,19 @@ from kernels.tuning import KernelConfig
 
 
 def candidates(m: int) -> list[KernelConfig]:
-    """A small grid around what should work: GEMV for tiny M, swap-AB MMA from M >= 2."""
+    """A small grid around what should work: GEMV for M <= 2, swap-AB MMA for every M."""
     out = []
-    if m <= 4:
-        bm = 1 << (m - 1).bit_length()
+    if m <= 2:
         for bn, bk, w in [(16, 256, 2), (32, 256, 4), (64, 256, 4), (128, 256, 8), (32, 512, 4),
-                          (64, 512, 8), (64, 128, 4), (128, 128, 4), (16, 512, 4), (32, 128, 2)]:
-            out.append(KernelConfig("gemv", bm, bn, bk, w, 1))
-    if m >= 2:
-        bm = max(16, min(256, 1 << (m - 1).bit_length()))
-        bms = [bm] if m <= 64 else [128, 256]
-        for bm in bms:
-            for bn, bk, w, s in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 128, 4, 3), (128, 128, 4, 2),
-                                 (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 4), (32, 256, 4, 2),
-                                 (256, 64, 8, 3)]:
-                if bm * bn <= 128 * 256:
-                    out.append(KernelConfig("mma", bm, bn, bk, w, s))
+                          (64, 512, 8), (16, 512, 4), (32, 1024, 4), (16, 1024, 4), (32, 512, 8)]:
+            out.append(KernelConfig("gemv", m, bn, bk, w, 1))
+    bm = max(16, min(256, 1 << (m - 1).bit_length()))
+    for bm in ([bm] if m <= 64 else [128, 256]):
+        for bn, bk, w, s in [(64, 128, 4, 2), (64, 256, 4, 2), (64, 256, 4, 3), (128, 128, 4, 2),
+                             (128, 256, 4, 2), (128, 256, 8, 2), (128, 128, 8, 3), (128, 64, 8, 4),
+                             (32, 256, 4, 3), (64, 512, 4, 2), (256, 64, 8, 3), (256, 128, 8, 2)]:
+            if bm * bn <= 128 * 256:
+                out.append(KernelConfig("mma", bm, bn, bk, w, s))
     return out
 
 
@@ -37,7 +34,33 @@ def label(c: KernelConfig) -> str:
     return f"{c.algo} m{c.block_m} n{c.block_n} k{c.block_k} w{c.num_warps} s{c.num_stages}"
 
 
-def sweep(shapes: dict, ms: list[int]) -> None:
+def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
+    """The fastest config per swept M of `shape`, as a tuning.TABLE (the largest M serves all above)."""
+    best: dict[int, dict] = {}
+    for r in results:
+        if r["shape"] == shape and (r["m"] not in best or r["ms"] < best[r["m"]]["ms"]):
+            best[r["m"]] = r
+    ms = sorted(best)
+    rows = [(m, KernelConfig(**best[m]["config"])) for m in ms]
+    return tuple(rows[:-1]) + ((1 << 62, rows[-1][1]),)
+
+
+def correct(cfg: KernelConfig, m: int) -> bool:
+    """The candidate against the reference on fresh inputs (N large enough to take no split-K)."""
+    import torch
+
+    from kernels.nvfp4_gemm import nvfp4_gemm, random_weight, reference_gemm, relative_error
+
+    if not hasattr(correct, "weight"):
+        correct.weight = random_weight(65536, 512, "cuda", seed=int.from_bytes(os.urandom(2), "little"))
+    packed, scale, gs = correct.weight
+    x = torch.randn(m, 512, device="cuda").bfloat16()
+    y = nvfp4_gemm(x, packed, scale, gs, config=cfg,
+                   out=torch.full((m, 65536), float("nan"), device="cuda", dtype=torch.bfloat16))
+    return bool(torch.isfinite(y).all()) and relative_error(y, reference_gemm(x, packed, scale, gs)) <= 1e-2
+
+
+def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
     from kernels.bench import time_packed
 
     results = []
@@ -47,6 +70,9 @@ def sweep(shapes: dict, ms: list[int]) -> None:
             best = None
             for cfg in [c for c in candidates(m) if c.algo in algos]:
                 try:
+                    if not correct(cfg, m):
+                        print(f"  {name} M={m} {label(cfg)}: WRONG vs reference, skipped", file=sys.stderr)
+                        continue
                     t = time_packed(n, k, m, config=cfg, rep_ms=40)
                 except Exception as e:  # a candidate that does not compile (shared memory) is skipped
                     print(f"  {name} M={m} {label(cfg)}: FAILED {type(e).__name__}: {str(e)[:120]}",
@@ -58,4 +84,8 @@ def sweep(shapes: dict, ms: list[int]) -> None:
                     best = (cfg, t)
             if best:
                 print(f"BEST {name} M={m}: {label(best[0])} {best[1]:.4f} ms", flush=True)
-    print(json.dumps({"schema_version": 1, "sweep": "nvfp4_gemm", "results": results}))
+    line = json.dumps({"schema_version": 1, "sweep": "nvfp4_gemm", "results": results})
+    print(line)
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(line + "\n")

@@ -37,18 +37,16 @@ class KernelConfig:
 # (largest M the row serves, config), ascending; the last row serves every larger M.
 TABLE: tuple[tuple[int, KernelConfig], ...] = (
     (1, KernelConfig("gemv", 1, 64, 256, 4)),
-    (2, KernelConfig("gemv", 2, 64, 256, 4)),
-    (4, KernelConfig("gemv", 4, 32, 256, 4)),
     (16, KernelConfig("mma", 16, 64, 256, 4, 2)),
     (32, KernelConfig("mma", 32, 64, 256, 4, 2)),
-    (64, KernelConfig("mma", 64, 128, 128, 8, 2)),
-    (128, KernelConfig("mma", 128, 128, 64, 8, 3)),
-    (1 << 62, KernelConfig("mma", 128, 128, 64, 8, 3)),
+    (64, KernelConfig("mma", 64, 128, 128, 4, 2)),
+    (1 << 62, KernelConfig("mma", 128, 128, 128, 8, 3)),
 )
 
 
-def config_for(m: int, table=TABLE) -> KernelConfig:
+def config_for(m: int, table=None) -> KernelConfig:
     """The table row for M rows of activations (M >= 1)."""
+    table = TABLE if table is None else table
     if m < 1:
         raise ValueError(f"config_for: M must be >= 1, found {m}")
     for max_m, cfg in table:

@@ -117,7 +117,8 @@ def load_config(path: str | Path | None, gpus: int = 0) -> Config:
 
 
 # `schedules` is parsed and validated by orchestrator.schedule.load_schedules (the service's section).
-_TOP = ("ray_address", "db_path", "reports_dir", "work_dir", "default_box", "timeouts", "boxes", "schedules")
+_TOP = ("ray_address", "db_path", "reports_dir", "work_dir", "default_box", "timeouts", "boxes", "trusted_root",
+        "schedules")
 
 
 def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:

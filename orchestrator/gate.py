@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 import ray
+import ray.exceptions
 
 from orchestrator import db
 from orchestrator.config import Config
@@ -117,6 +118,8 @@ def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
         record["state"], record["error"] = "LOST", str(e)
     except ray.exceptions.TaskCancelledError:
         record["error"] = "the job was cancelled"
+    except Exception as e:  # a head-side bug must still end the row, not leave it RUNNING
+        record["error"] = f"head error while running the job: {type(e).__name__}: {e}"
     except KeyboardInterrupt:  # Ctrl-C: cancel the box's job (its process groups die), store ERROR
         if gen is not None:
             ray.cancel(gen)

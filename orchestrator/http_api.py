@@ -112,6 +112,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(self._get)
 
+    do_HEAD = do_GET  # same status and headers, no body (`_send`)
+
     def do_POST(self) -> None:
         self._answer(self._post)
 

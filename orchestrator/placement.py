@@ -21,6 +21,9 @@ from orchestrator.config import BoxConfig
 from orchestrator.job import JobSpec, run_job
 
 
+QUEUE_NOTE_S = 30.0  # how often a job queued behind another on its box says so
+
+
 class PlacementError(Exception):
     """The job could not be placed on its box (missing, offline, or unable to start it)."""
 
@@ -89,7 +92,10 @@ def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
     worker.start()
     try:
         while True:
-            ev = events.get()
+            try:  # a timed wait: Ray's cancel interrupts this thread, which a plain get() never notices
+                ev = events.get(timeout=0.25)
+            except queue.Empty:
+                continue
             yield ev
             if ev["event"] == "result":
                 return
@@ -109,13 +115,16 @@ def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], N
            on_event: Callable[[dict], None]) -> dict:
     """Drive the job: pass events to `on_event`, call `tick` (the heartbeat) every `tick_s`, return the
     box's record parts. PlacementError when the box never starts it; JobLost when the box dies."""
-    started, t0 = False, time.monotonic()
+    started, t0, noted = False, time.monotonic(), -QUEUE_NOTE_S
     while True:
         ready, _ = ray.wait([gen], timeout=tick_s)
         tick()
         if not ready:
-            if not started:
-                _check_still_schedulable(gen, box, time.monotonic() - t0, schedule_s, on_event)
+            waited = time.monotonic() - t0
+            if not started and _box_busy(gen, box, waited, schedule_s) and waited - noted >= QUEUE_NOTE_S:
+                noted = waited
+                on_event({"event": "step", "step": "queue", "status": "waiting",
+                          "detail": f"box {box} is running another job; queued {waited:.0f} s"})
             continue
         ev = _next_event(gen)
         started = True
@@ -139,17 +148,17 @@ def _next_event(gen) -> dict:
         raise JobLost(f"the box died under the job: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
-def _check_still_schedulable(gen, box: str, waited: float, schedule_s: float, on_event) -> None:
+def _box_busy(gen, box: str, waited: float, schedule_s: float) -> bool:
+    """True while another job holds the box (queueing); PlacementError when the box is gone, or free
+    and still not running the job after `schedule_s`."""
     key = box_resource(box)
     if key not in ray.cluster_resources():
         ray.cancel(gen, force=True)
         raise PlacementError(f"box {box!r} went offline before it started the job")
-    busy = ray.available_resources().get(key, 0) < 1
-    if busy:  # another gate holds the box: that is queueing, not an offline box
-        on_event({"event": "step", "step": "queue", "status": "waiting",
-                  "detail": f"box {box} is running another job; queued {waited:.0f} s"})
-        return
+    if ray.available_resources().get(key, 0) < 1:  # another gate holds the box: queueing, not offline
+        return True
     if waited > schedule_s:
         ray.cancel(gen, force=True)
         raise PlacementError(f"box {box!r} is free but did not start the job within {schedule_s:.0f} s: "
                              "it is unreachable or cannot satisfy the request (GPUs, CPUs)")
+    return False

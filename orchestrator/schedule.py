@@ -16,9 +16,11 @@ import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import yaml
 from croniter import croniter
 
 CATCH_UP_POLICIES = ("skip", "run-once")
@@ -69,13 +71,11 @@ class SystemClock:
 
 @dataclass
 class FakeClock:
+    """Tests set `t`; the scheduler reads it."""
     t: datetime
 
     def now(self) -> datetime:
         return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t = self.t + timedelta(seconds=seconds)
 
 
 # --- config -----------------------------------------------------------------------------------------
@@ -127,9 +127,6 @@ def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None) -> Schedule
 
 def load_schedules(path, boxes: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
     """Read the `schedules` section of an orchestrator.yaml; a missing file or section has none."""
-    import yaml
-    from pathlib import Path
-
     p = Path(path)
     if not p.exists():
         return ()
@@ -145,7 +142,11 @@ def load_schedules(path, boxes: tuple[str, ...] | None = None) -> tuple[Schedule
 # --- cron arithmetic --------------------------------------------------------------------------------
 
 def due_times(s: Schedule, after: datetime, until: datetime, limit: int = MAX_BACKLOG) -> list[datetime]:
-    """Scheduled times t with after < t <= until, in UTC, oldest first; at most the latest `limit`."""
+    """Scheduled times t with after < t <= until, in UTC, oldest first; at most the latest `limit`.
+
+    A wall-clock time that repeats when the clocks go back fires once, on its first pass (fold 0),
+    as cron does for a fixed time.
+    """
     tz = ZoneInfo(s.timezone)
     # Walk back from `until` so a long outage keeps the latest firings, the ones catch-up acts on.
     it = croniter(s.cron, until.astimezone(tz) + timedelta(microseconds=1))
@@ -154,7 +155,8 @@ def due_times(s: Schedule, after: datetime, until: datetime, limit: int = MAX_BA
         t = it.get_prev(datetime).astimezone(timezone.utc)
         if t <= after:
             break
-        out.append(t)
+        if t.astimezone(tz).fold == 0:
+            out.append(t)
     return out[::-1]
 
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import db, owed, schedule, service_queue
+from orchestrator import db, gate, owed, schedule, service_queue
 from orchestrator.config import Config, ConfigError
 from orchestrator.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
 from orchestrator.provenance import ProvenanceError, resolve
@@ -74,7 +74,10 @@ class Backend:
     def report_html(self, run_id: str) -> str:
         from orchestrator.report.render import html
         with self._conn() as conn:
-            record = self.run(run_id)
+            try:
+                record = db.get(conn, run_id)
+            except KeyError as e:
+                raise NotFound(e.args[0]) from None
             return html(record, owed.list_open(conn, record["head"]["sha"]))
 
 
@@ -214,14 +217,12 @@ def _log_event(ev: dict) -> None:
 
 
 def _record_crash(config: Config, conn, run_id: str) -> None:
-    import traceback
-    from orchestrator.gate import _finish
     try:
         record = db.get(conn, run_id)
         if record["state"] in db.FINAL:
             return
         record["error"] = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
-        _finish(config, conn, record, time.monotonic())
+        gate._finish(config, conn, record, time.monotonic())
     except Exception:
         log.exception("could not record the crash of run %s", run_id)
 

@@ -26,7 +26,8 @@ from orchestrator.provenance import Archive, archive, read_member
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS service_jobs (
-  run_id TEXT PRIMARY KEY,
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- queue order (timestamps tie within a second)
+  run_id TEXT NOT NULL UNIQUE,
   box TEXT NOT NULL,
   repo TEXT NOT NULL,
   rev TEXT NOT NULL,
@@ -106,7 +107,7 @@ def claim_next(conn: sqlite3.Connection, box: str) -> QueuedJob | None:
         row = conn.execute(
             "SELECT j.run_id, j.box, j.repo, j.rev, j.grid, j.source FROM service_jobs j"
             " JOIN runs r ON r.run_id = j.run_id WHERE j.box = ? AND r.state = 'QUEUED'"
-            " AND j.claimed_at IS NULL ORDER BY j.queued_at, j.run_id LIMIT 1", (box,)).fetchone()
+            " AND j.claimed_at IS NULL ORDER BY j.seq LIMIT 1", (box,)).fetchone()
         if row is None:
             return None
         conn.execute("UPDATE service_jobs SET claimed_at = ? WHERE run_id = ?", (db.utc_now(), row[0]))

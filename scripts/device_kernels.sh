@@ -3,6 +3,7 @@
 #   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
 #   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/tuning.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
+#   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
 #   ncu    Nsight Compute on the head GEMM (NCU_M rows): speed of light + memory workload
 # Logs go to $OUT/<stage>.log (or ./device-out when OUT is unset).
 # Usage: bash scripts/device_kernels.sh test sweep bench ncu
@@ -23,6 +24,11 @@ stage_sweep() {
   $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"
 }
 stage_bench() { $PY -m kernels.bench; }
+stage_tune() {  # sweep, then bench with the sweep's fastest configs (copy them into kernels/tuning.py)
+  $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
+    --sweep-out "$OUT/sweep.json" | grep -v '^{'
+  $PY -m kernels.bench --table-from "$OUT/sweep.json"
+}
 stage_ncu() {
   ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemv|mma}" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \

@@ -17,6 +17,8 @@ ENABLED = "packed NVFP4 W4A16 GEMM: ENABLED for sm_90"
 DISABLED = "packed NVFP4 W4A16 GEMM: DISABLED (no CUDA device)"
 
 ENGINE_CLI = '''\
+import json
+import random
 import sys
 from pathlib import Path
 
@@ -24,8 +26,31 @@ if __name__ == "__main__" and sys.argv[1:] == ["build"]:
     print("compiling kernels ... done")
     print((Path(__file__).parent / "marker.txt").read_text().strip())
     sys.exit(0)
-sys.exit("usage: engine build")
+if __name__ == "__main__" and sys.argv[1:2] == ["bench"]:  # a fake bench: packed is the faster arm
+    args = sys.argv[2:]
+    head = args[args.index("--lm-head") + 1]
+    rate = (11.0 if head == "packed" else 9.5) * (1 + random.uniform(-0.002, 0.002))
+    print(json.dumps({"schema_version": 1, "decode_tok_s": rate, "meta": {"fake": True}}))
+    sys.exit(0)
+sys.exit("usage: engine build | engine bench ...")
 '''
+
+FAKE_GRID = """\
+name: fake
+backend: cpu
+legs: 2
+max_legs: 2
+warmup: 1
+iters: 2
+timeout_s: 60
+verdict: {rule: rank, alpha: 0.05, tolerance: 0.02}
+checkpoint: {preset: tiny, naming: modelopt, head: nvfp4, seed: 0}
+arms:
+  packed: {lm_head: packed}
+  dequant: {lm_head: dequant}
+cells:
+  - {batch: 1, prompt_len: 8, gen_len: 8}
+"""
 
 PASSING_TEST = '''\
 def test_sum(check):

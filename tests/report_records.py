@@ -79,7 +79,8 @@ def grid(verdict: dict, cell: dict = SEED_CELL, tolerance: float = 0.02) -> dict
     legs = {arm: a["legs"] for arm, a in verdict["arms"].items()}
     return {"schema_version": 1, "spec": "lmhead", "policy": {"tolerance": tolerance},
             "cells": [{"cell": dict(cell), "verdict": verdict,
-                       "arms": {arm: {"legs": xs, "raw": [{"decode_tok_s": x} for x in xs]} for arm, xs in legs.items()}}]}
+                       "arms": {arm: {"legs": xs, "raw": [{"decode_tok_s": x} for x in xs]}
+                                for arm, xs in legs.items()}}]}
 
 
 def seed_record(**over) -> dict:

@@ -21,13 +21,13 @@ suites:
     timeout_s: 300
     census: {tests: 1, checks: 1}
 """
-# The suite sleeps as long as the service's environment says: the SIGTERM test needs a job in flight.
-SUITE = """import os
-import time
+# The suite sleeps as long as its head's suite/sleep_s says: the SIGTERM test gates a slow head.
+SUITE = """import time
+from pathlib import Path
 
 
 def test_quick(check):
-    time.sleep(float(os.environ.get("REGATE_TEST_SUITE_SLEEP_S", "0")))
+    time.sleep(float((Path(__file__).parent / "sleep_s").read_text()))
     check(1 + 1 == 2, "arithmetic")
 """
 GRID = "name: smoke\nlegs: 2\n"  # only its presence is checked before queueing
@@ -44,7 +44,7 @@ def make_repo(root: Path) -> tuple[Path, str]:
     """A committed repository with the stand-in engine, one quick suite and a grid spec; (path, sha)."""
     repo = root / "repo"
     files = {"engine/__init__.py": "", "engine/cli.py": ENGINE_CLI, "gates/gates.yaml": MANIFEST,
-             "suite/test_quick.py": SUITE, "grids/smoke.yaml": GRID}
+             "suite/test_quick.py": SUITE, "suite/sleep_s": "0", "grids/smoke.yaml": GRID}
     for rel, text in files.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
@@ -54,9 +54,17 @@ def make_repo(root: Path) -> tuple[Path, str]:
     return repo, git(repo, "rev-parse", "HEAD")
 
 
+def commit_slow_head(repo: Path, sleep_s: float = 600) -> str:
+    """A new head whose suite sleeps `sleep_s`; its sha."""
+    (repo / "suite" / "sleep_s").write_text(str(sleep_s))
+    git(repo, "commit", "-q", "-am", "a slow head")
+    return git(repo, "rev-parse", "HEAD")
+
+
 def write_config(root: Path, repo: Path, **extra) -> Path:
-    """orchestrator.yaml with one CPU box `boxa` (its lock in tmp), short heartbeats, the repo trusted."""
-    cfg = {"db_path": str(root / "regate.db"), "reports_dir": str(root / "reports"),
+    """orchestrator.yaml with one CPU box `boxa` (its lock in tmp), short heartbeats, and the repo as
+    the trusted root (its manifest has no sacred suite, so a green head PASSES)."""
+    cfg = {"db_path": str(root / "regate.db"), "reports_dir": str(root / "reports"), "trusted_root": str(repo),
            "timeouts": {"heartbeat_s": 0.5, "stale_s": 3, "schedule_s": 120},
            "boxes": [{"name": "boxa", "lock_path": str(root / "gpu.lock")}], **extra}
     path = root / "orchestrator.yaml"

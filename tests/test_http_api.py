@@ -107,6 +107,7 @@ def test_owed_and_pages(api):
     status, page = request(server, "GET", "/")
     assert status == 200 and "regate runs" in page
     assert request(server, "GET", "/r2.html") == (200, "<!doctype html><title>r2</title>")
+    assert request(server, "HEAD", "/r2.html") == (200, "")
 
 
 def test_queue_a_gate(api):

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from orch_helpers import DISABLED, ENABLED, PASSING_TEST, hanging_test, make_stub_repo, slow_test, suite  # noqa: E402
+from orch_helpers import DISABLED, ENABLED, FAKE_GRID, PASSING_TEST, hanging_test, make_stub_repo, slow_test, suite  # noqa: E402
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -106,6 +106,23 @@ def test_job_pinned_to_b_runs_on_b(cluster, env):
     assert again["run_id"] == rec["run_id"]
     forced = run_gate(cfg, "HEAD", str(repo), box="B", force=True)
     assert forced["run_id"] != rec["run_id"] and forced["state"] == "PASSED"
+
+
+def test_grid_runs_on_the_box_under_the_lock(cluster, env):
+    tmp_path, config = env
+    cfg = config()
+    repo = _repo(tmp_path, {"tests/test_ok.py": PASSING_TEST, "grids/fake.yaml": FAKE_GRID})
+    events = []
+    rec = run_gate(cfg, "HEAD", str(repo), "B", grid="fake", progress=events.append)
+    assert rec["state"] == "PASSED", rec["error"]
+    cell = rec["grid"]["cells"][0]
+    assert [len(cell["arms"][a]["legs"]) for a in ("packed", "dequant")] == [2, 2]
+    assert all(raw["meta"] == {"fake": True} for raw in cell["arms"]["packed"]["raw"])  # the head's own bench
+    assert cell["verdict"]["direction"]["winner"] in ("packed", None)
+    assert sum(e["event"] == "leg" for e in events) >= 4 and rec["timings"]["grid_s"] > 0
+    bad = run_gate(cfg, "HEAD", str(repo), "B", grid="nosuch", force=True)
+    assert bad["state"] == "ERROR" and "grid spec 'nosuch': no such file" in bad["error"]
+    _assert_clean(tmp_path, cfg, bad)
 
 
 def test_two_jobs_on_one_box_serialize(cluster, env):
@@ -216,3 +233,14 @@ def _gone(pid: int) -> bool:
     except psutil.TimeoutExpired:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     return True
+
+
+def test_box_that_cannot_start_the_job_times_out_naming_it(cluster, env):
+    tmp_path, config = env
+    base = config(schedule_s=2)
+    # box A is up, but has no GPU to give: the job can never start there, and the head must not hang
+    cfg = Config(**{**base.__dict__, "boxes": (BoxConfig("A", str(tmp_path / "A.lock"), gpus=1, required_markers=()),)})
+    rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "A")
+    assert rec["state"] == "ERROR"
+    assert "box 'A' is free but did not start the job within 2 s" in rec["error"]
+    _assert_clean(tmp_path, cfg, rec)

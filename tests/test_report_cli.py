@@ -89,3 +89,21 @@ def test_owed_lists_filters_and_closes(app, dbfile):
     assert [i["id"] for i in left] == [items[1]["id"]]
     res = run(app, "owed", "--db", dbfile, "--head", "not-a-rev", "--repo", dbfile.parent)
     assert res.exit_code == 2 and "unknown revision" in res.output
+
+
+def test_the_gates_report_shows_the_ledger_after_the_sync(tmp_path):
+    """orchestrator.gate re-renders the run's page once db.finish has synced the owed ledger."""
+    from orchestrator.gate import _render_index
+
+    conn = db.connect(tmp_path / "regate.db")
+    rec = rr.seed_record(run_id="r-gate", created_at=db.utc_now())
+    db.insert_queued(conn, rec, "k")
+    rec.update(state="PASSED", finished_at=db.utc_now(), report_path=str(tmp_path / "r-gate.html"))
+    db.finish(conn, rec, sync=owed.sync_from_record)
+    _render_index(conn, tmp_path, rec)
+    page = (tmp_path / "r-gate.html").read_text()
+    ledger = page.split("Open owed-ledger items for this head")[1].split('<section id="residency">')[0]
+    assert ledger.count('<td class="mono">r-gate</td>') == 2  # both items, opened by this run
+    assert "The owed ledger was not consulted" not in page
+    assert 'href="r-gate.html"' in (tmp_path / "index.html").read_text()
+    conn.close()

@@ -60,6 +60,7 @@ def test_sections_in_order_and_self_contained(tmp_path):
     assert parse(page).order == list(SECTIONS)
     assert not re.search(r"https?://|src=|<link|@import|url\((?!#)", page), "a report must name no external resource"
     assert [p.name for p in tmp_path.iterdir()] == ["r-seed.html"], "atomic write left a temp file"
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_seed_magnitude_is_owed_with_its_reason_and_never_established(tmp_path):
@@ -158,29 +159,37 @@ def test_raw_data_download_holds_every_leg(tmp_path):
 
 def test_residency_section_gives_the_seed_table(tmp_path):
     s = squash(parse(render_run(rr.seed_record(), tmp_path).read_text()).text["residency"])
-    assert "CUDA head 248320 x 5120 0.000 GiB 2.368 GiB 0.666 GiB 0.000 GiB -1.70 GiB" in s
-    assert "plain CPU head 248320 x 5120 0.000 GiB 2.368 GiB 0.666 GiB 2.368 GiB +0.67 GiB" in s
+    assert "CUDA head 248320 x 5120 0 2.368 GiB 0.666 GiB 0 -1.70 GiB" in s
+    assert "plain CPU head 248320 x 5120 0 2.368 GiB 0.666 GiB 2.368 GiB +0.67 GiB" in s
     assert "cpu dequant head" in s
 
 
 def test_index_lists_runs_newest_first(tmp_path):
     older = rr.record(run_id="r-old", created_at="2026-11-29T10:00:00Z", state="FAILED")
     newer = rr.record(run_id="r-new", created_at="2026-11-30T10:00:00Z")
-    page = render_index([older, newer], tmp_path).read_text()
-    assert page.index("r-new") < page.index("r-old")
+    running = rr.record(run_id="r-running", created_at="2026-11-30T11:00:00Z", state="RUNNING")
+    elsewhere = rr.record(run_id="r-else", report_path=str(tmp_path / "old-reports" / "r-else.html"))
+    render_run(newer, tmp_path)
+    page = render_index([older, newer, running, elsewhere], tmp_path).read_text()
+    assert page.index("r-running") < page.index("r-new") < page.index("r-old")
     assert 'href="r-new.html"' in page and "FAILED" in page
+    assert 'href="old-reports/r-else.html"' in page
+    assert "r-running <span" in page and 'href="r-running.html"' not in page  # no page yet, no dead link
 
 
 def test_markdown_sections_and_owed_placement():
-    md = render_markdown(rr.seed_record(), owed=[{"id": 4, "what": "magnitude", "cell": "batch=1", "reason":
-                                                  "dequant legs disagree by 7.9% > 2%", "opened_by": "r-0",
-                                                  "legs_needed": None}])
+    seed_cell = "batch=1 gen_len=32 preset=27b prompt_len=128"
+    ledger = [{"id": 4, "what": "magnitude", "cell": "batch=8", "reason": "dequant legs disagree by 3.1% > 2%",
+               "opened_by": "r-0", "legs_needed": None},
+              {"id": 5, "what": "magnitude", "cell": seed_cell, "reason": "same as this run's", "opened_by": "r-seed"}]
+    md = render_markdown(rr.seed_record(), owed=ledger)
     heads = re.findall(r"^### (.+)$", md, flags=re.M)
     assert heads == ["Measured", "Established", "Owed", "Not run"]
     parts = dict(zip(heads, re.split(r"^### .+$", md, flags=re.M)[1:]))
     assert "11.197, 11.193" in parts["Measured"] and "9.418, 10.163" in parts["Measured"]
     assert "1.1435" not in parts["Established"] and "Nothing is established" in parts["Established"]
     assert "dequant legs disagree by 7.9% > 2%" in parts["Owed"] and "ledger #4" in parts["Owed"]
+    assert "ledger #5" not in parts["Owed"], "this run's own owed claim is listed once, not again from the ledger"
     assert "no CUDA gate was run" in parts["Not run"]
 
 
@@ -190,6 +199,8 @@ def test_bad_records_are_refused_naming_the_field(tmp_path):
     bad = rr.record(grid={"cells": [{"cell": {"batch": 1}, "arms": {}, "verdict": "binding"}]})
     with pytest.raises(ReportError, match="batch=1: verdict: expected grids.verdict.judge output"):
         html(bad)
+    with pytest.raises(ReportError, match=r"residency\[0\].weights: expected a list of weights, found 'x'"):
+        html(rr.record(residency={"weights": "x", "backend": "cpu"}))
     with pytest.raises(ReportError, match="field 'n' missing"):
         html(rr.record(residency={"weights": [{"name": "lm_head", "class": "head", "k": 16}], "backend": "cpu"}))
 

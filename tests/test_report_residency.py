@@ -18,7 +18,8 @@ def test_byte_model_matches_a_real_weight(seed):
     """Reference twin: the model's byte counts against an Nvfp4Weight built from random data."""
     rng = random.Random(seed)
     n, k = rng.randint(1, 40), 16 * rng.randint(1, 12)
-    w = Nvfp4Weight.from_quantized("lm_head", quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed))))
+    dense = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    w = Nvfp4Weight.from_quantized("lm_head", quantize(dense))
     assert residency.packed_bytes(n, k) == w.packed_bytes
     w.dequant_b = w.dequantize(torch.bfloat16)
     assert residency.bf16_bytes(n, k) == w.resident_dequant_bytes
@@ -38,7 +39,8 @@ def test_the_seed_table_for_the_27b_head():
 def test_bf16_tower_weight_is_bf16_in_both_arms():
     ws = [{"name": "layers.0.linear_attn.in_proj_b", "class": "tower", "format": "bf16", "n": 48, "k": 64}]
     (row, _) = residency.model_rows(ws)
-    assert row["arms"]["packed"] == row["arms"]["dequant"] == {"packed": 0, "dequant": 2 * 48 * 64, "total": 2 * 48 * 64}
+    bf16 = {"packed": 0, "dequant": 2 * 48 * 64, "total": 2 * 48 * 64}
+    assert row["arms"]["packed"] == row["arms"]["dequant"] == bf16
 
 
 def test_measured_reading_is_checked_against_the_model():
@@ -54,3 +56,12 @@ def test_measured_reading_is_checked_against_the_model():
 
 def test_no_residency_no_section():
     assert residency.section(rr.record()) is None
+
+
+@pytest.mark.parametrize("b, signed, text", [
+    (715161604, False, "0.666 GiB"), (2542796800, False, "2.368 GiB"), (-1827635196, True, "-1.70 GiB"),
+    (715161604, True, "+0.67 GiB"), (131072, False, "128.0 KiB"), (0, True, "±0"), (None, False, "—"),
+])
+def test_bytes_read_as_the_seed_writes_them(b, signed, text):
+    from orchestrator.report.render import _bytes
+    assert _bytes(b, signed) == text

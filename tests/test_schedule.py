@@ -155,6 +155,15 @@ def test_timezone_is_honoured(tmp_path):
     assert h.s.next_due() == at(2026, 12, 1, 1)
 
 
+def test_daylight_saving_changes_fire_each_local_time_once():
+    s = Schedule(id="b", cron="30 2 * * *", rev="main", grid="g", box="b", timezone="Europe/Berlin")
+    # 2026-10-25: 02:30 happens twice in Berlin (CEST, then CET): one firing, the first.
+    assert sch.due_times(s, at(2026, 10, 24, 12), at(2026, 10, 25, 12)) == [at(2026, 10, 25, 0, 30)]
+    assert sch.due_times(s, at(2026, 10, 25, 1), at(2026, 10, 25, 2)) == []
+    # 2026-03-29: 02:30 does not exist (clocks jump 02:00 -> 03:00): it still fires that night.
+    assert len(sch.due_times(s, at(2026, 3, 28, 12), at(2026, 3, 29, 12))) == 1
+
+
 def test_claimed_firings_are_abandoned_on_reconcile_never_rerun(tmp_path):
     h = Harness(tmp_path / "r.db", [NIGHTLY], at(2026, 11, 30, 1, 59))
     h.s.tick()

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -149,7 +150,6 @@ def _has_table(conn, name) -> bool:
 
 
 def _wait(pred, tries=500) -> bool:
-    import time
     for _ in range(tries):  # bounded: 500 x 20 ms
         if pred():
             return True

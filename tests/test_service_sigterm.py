@@ -1,5 +1,6 @@
-"""SIGTERM on a real `orchestrator serve` subprocess with a gate in flight: a clean exit, the run
-recorded as interrupted (then LOST past the heartbeat deadline), and nothing left running."""
+"""A real `orchestrator serve` subprocess on a real (local) Ray: a queued gate runs to PASSED with its
+report; then SIGTERM with a gate in flight: a clean exit, the run recorded as interrupted (then LOST
+past the heartbeat deadline), and no process of the service, its Ray or the suite left running."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ import pytest
 
 from orchestrator import db, service_queue
 from orchestrator.config import load_config
-from service_support import make_repo, write_config
+from service_support import commit_slow_head, make_repo, write_config
 
 ORCHESTRATOR = Path(sys.executable).with_name("orchestrator")
 TAG = "REGATE_SERVICE_TEST_TAG"
@@ -42,6 +43,18 @@ def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline().decode()
 
 
+def post_gate(url: str, head: str) -> str:
+    req = urllib.request.Request(f"{url}/api/gate", data=json.dumps({"head": head}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["run_id"]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return resp.status, resp.read()
+
+
 def wait_for(pred, timeout_s: float, step_s: float = 0.25) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -54,11 +67,12 @@ def wait_for(pred, timeout_s: float, step_s: float = 0.25) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
-    repo, sha = make_repo(tmp_path)
+    repo, quick = make_repo(tmp_path)
+    slow = commit_slow_head(repo)
     cfg_path = write_config(tmp_path, repo)
     config = load_config(cfg_path)
     tag = uuid.uuid4().hex
-    env = {**os.environ, TAG: tag, "REGATE_TEST_SUITE_SLEEP_S": "600", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, TAG: tag, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
@@ -69,11 +83,16 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         line = first_line(proc, 120)
         assert line.startswith("serving http://127.0.0.1:"), line + log_path.read_text()
         url = line.split()[1]
-        req = urllib.request.Request(f"{url}/api/gate", data=json.dumps({"head": "main"}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            run_id = json.loads(resp.read())["run_id"]
-        # The suite sleeps: wait until it runs on the box, then stop the service under it.
+        done = post_gate(url, quick)
+        assert wait_for(lambda: json.loads(get(f"{url}/api/runs/{done}")[1])["state"] not in
+                        ("QUEUED", "RUNNING"), 240), log_path.read_text()[-3000:]
+        record = json.loads(get(f"{url}/api/runs/{done}")[1])
+        assert record["state"] == "PASSED", record
+        assert [(s["name"], s["state"]) for s in record["suites"]] == [("quick", "GREEN")]
+        status, page = get(f"{url}/{done}.html")
+        assert status == 200 and done.encode() in page
+        run_id = post_gate(url, slow)
+        # The slow suite sleeps: wait until it runs on the box, then stop the service under it.
         assert wait_for(lambda: f"run {run_id}: quick start" in log_path.read_text(), 180), \
             log_path.read_text()[-3000:]
         proc.send_signal(signal.SIGTERM)
@@ -90,7 +109,7 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
     conn = db.connect(config.db_path)
     try:
         rec = db.get(conn, run_id)
-        assert rec["state"] == "RUNNING" and rec["head"]["sha"] == sha
+        assert rec["state"] == "RUNNING" and rec["head"]["sha"] == slow
         assert "SIGTERM" in rec["interrupted"]["why"]
         # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why.
         assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s) == [run_id], 30)

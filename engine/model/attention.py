@@ -16,30 +16,32 @@ from engine.model.rope import apply_rope
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
     """Causal attention of L queries (positions q_offset..) over S keys (positions 0..).
-    q [L, H, D]; k, v [S, Hkv, D] -> [L, H, D]. Softmax in FP32, as the reference's eager path."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.einsum("lhd,shd->hls", q, k) * scale
-    qpos = torch.arange(q.shape[0], device=q.device)[:, None] + q_offset
+    q [L, H, D]; k, v [S, Hkv, D] -> [L, H, D]. Softmax in FP32, as the reference's eager path;
+    GQA by grouping the query heads (H = Hkv * rep, consecutive query heads share a KV head)."""
+    l, h, d = q.shape
+    g = k.shape[1]
+    qg = q.view(l, g, h // g, d)
+    scores = torch.einsum("lgrd,sgd->grls", qg, k) * scale
+    qpos = torch.arange(l, device=q.device)[:, None] + q_offset
     future = torch.arange(k.shape[0], device=q.device)[None, :] > qpos
     scores = scores.masked_fill(future, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.einsum("hls,shd->lhd", probs, v)
+    return torch.einsum("grls,sgd->lgrd", probs, v).reshape(l, h, d)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """q [B, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, M] -> [B, H, D]."""
+    """q [B, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, M] -> [B, H, D].
+    Gathers the whole (padded) block table at a fixed shape and masks past context_lens."""
     b, m = block_tables.shape
-    bs = k_cache.shape[1]
-    k = k_cache[block_tables].reshape(b, m * bs, *k_cache.shape[2:])  # [B, S, Hkv, D]
-    v = v_cache[block_tables].reshape(b, m * bs, *v_cache.shape[2:])
-    rep = q.shape[1] // k.shape[2]
-    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-    scores = torch.einsum("bhd,bshd->bhs", q, k) * scale
+    bs, g, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    k = k_cache[block_tables].reshape(b, m * bs, g, d)  # [B, S, Hkv, D]
+    v = v_cache[block_tables].reshape(b, m * bs, g, d)
+    qg = q.view(b, g, q.shape[1] // g, d)
+    scores = torch.einsum("bgrd,bsgd->bgrs", qg, k) * scale
     beyond = torch.arange(m * bs, device=q.device)[None, :] >= context_lens[:, None]
-    scores = scores.masked_fill(beyond[:, None, :], float("-inf"))
+    scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.einsum("bhs,bshd->bhd", probs, v)
+    return torch.einsum("bgrs,bsgd->bgrd", probs, v).reshape(b, q.shape[1], d)
 
 
 class GatedAttention:

@@ -16,10 +16,18 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def repeat_heads(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[B, T, H, D] -> [B, T, H * rep, D], each head repeated `rep` times consecutively
+    (repeat_interleave's order, by expand: no host sync, so it records into a CUDA graph)."""
+    if rep == 1:
+        return x
+    b, t, h, d = x.shape
+    return x[:, :, :, None, :].expand(b, t, h, rep, d).reshape(b, t, h * rep, d)
+
+
 def _prepare(q, k, v, g, beta):
-    hk, hv = k.shape[2], v.shape[2]
-    if hk != hv:
-        q, k = q.repeat_interleave(hv // hk, dim=2), k.repeat_interleave(hv // hk, dim=2)
+    rep = v.shape[2] // k.shape[2]
+    q, k = repeat_heads(q, rep), repeat_heads(k, rep)
     q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
                         for x in (q, k, v, beta, g))
     q, k = l2norm(q), l2norm(k)

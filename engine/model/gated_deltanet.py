@@ -76,7 +76,10 @@ class GatedDeltaNet:
         slots = ctx.state_slots
         window = torch.cat([conv_cache[slots], qkv.unsqueeze(-1).to(conv_cache.dtype)], dim=-1)
         conv_cache.index_copy_(0, slots, window[..., 1:])
-        mixed = self._conv(window.to(qkv.dtype), 1)[..., 0]  # [B, conv_dim]
+        # The depthwise conv at one position is a dot product over the window: elementwise (no cuDNN
+        # call to record into the decode graph), in the conv weight's dtype as the reference.
+        w = self.conv_weight
+        mixed = F.silu((window.to(w.dtype) * w).sum(-1)).to(qkv.dtype)  # [B, conv_dim]
         b = mixed.shape[0]
         q, k, v = (x.reshape(b, 1, -1, x.shape[-1]) for x in self._split(mixed))  # one token per sequence
         out, state = recurrent_gated_delta_rule(q, k, v, g[:, None], beta[:, None], rec_cache[slots])

@@ -108,7 +108,7 @@ def gate(
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
 ) -> None:
     """Gate a head: provenance, build, box lock, suites (and a grid), record and report."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     hooks = tuple(h for h in os.environ.get(HOOKS_ENV, "").split(",") if h)
     printer = ProgressPrinter(err)
     try:

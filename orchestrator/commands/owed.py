@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
             try:
                 if close_id is not None:
                     item = owed.close(conn, close_id, reason or "")
-                    typer.echo(json.dumps(item, sort_keys=True) if as_json else f"closed #{close_id}: {item['close_reason']}")
+                    done = f"closed #{close_id}: {item['close_reason']}"
+                    typer.echo(json.dumps(item, sort_keys=True) if as_json else done)
                     return
                 items = owed.list_open(conn, head_sha(head, repo) if head else None)
             finally:

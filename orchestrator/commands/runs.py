@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Optional
 
 import typer
@@ -35,7 +36,7 @@ def runs(config: Optional[str] = typer.Option(None, "--config"),
     for r in records:
         suites = " ".join(f"{s['name']}:{s['state']}" for s in r.get("suites") or [])
         table.add_row(r["run_id"], r["state"], r["head"]["sha"][:12], str(r["box"]["name"]), r["created_at"], suites)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
 
 
 def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),

@@ -5,6 +5,7 @@ Exit codes: 0 a clean shutdown; 2 a bad config, a port that cannot be bound, or 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 from typing import Optional
@@ -32,9 +33,9 @@ def serve(
         cfg = load_config(config, gpus=len(gpus()))
         _check_repo(repo)
         service = load_service(cfg, config, repo, host, port)
-        service.install_signal_handlers()
         url = service.start()
-    except (ConfigError, ScheduleError, ProvenanceError, OSError) as e:
+        service.install_signal_handlers()
+    except (ConfigError, ScheduleError, ProvenanceError, OSError, sqlite3.Error) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     # One line on stdout for people and for scripts that started us with --port 0.

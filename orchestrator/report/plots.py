@@ -26,7 +26,12 @@ def _svg(fig: Figure, salt: str) -> str:
     text = re.sub(r"^.*?(?=<svg)", "", buf.getvalue(), flags=re.S)  # drop the XML prolog and doctype
     # Inline SVG in HTML5 needs no namespaces and no RDF metadata: the page names no URL at all.
     text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
-    return re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
+    text = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", text)
+    # matplotlib numbers its element ids per figure (figure_1, axes_1): several plots on one page
+    # would share them, so every id and every reference to one gets the plot's salt.
+    text = re.sub(r'\bid="([^"]+)"', rf'id="{salt}-\1"', text)
+    text = re.sub(r"url\(#([^)]+)\)", rf"url(#{salt}-\1)", text)
+    return re.sub(r'href="#([^"]+)"', rf'href="#{salt}-\1"', text)
 
 
 def _legs_axes(ax, arms: dict[str, dict]) -> None:

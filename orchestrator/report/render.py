@@ -15,11 +15,25 @@ from orchestrator.report import view
 from orchestrator.report.errors import ReportError
 
 _TEMPLATES = Path(__file__).with_name("templates")
-GIB = 2**30
 
 
 def _num(x, digits=3):
     return "—" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _bytes(b, signed: bool = False) -> str:
+    """Bytes as people compare them: GiB for weights that matter (the seed's 0.666 / 2.368 GiB,
+    deltas as -1.70 GiB), MiB or KiB for a tiny checkpoint, so nothing reads as 0.000 GiB."""
+    if b is None:
+        return "—"
+    if b == 0:
+        return "0" if not signed else "±0"
+    sign = "+" if signed else ""
+    for unit, size, digits, floor in (("GiB", 2**30, 2 if signed else 3, 2**30 / 20), ("MiB", 2**20, 1, 2**20),
+                                      ("KiB", 2**10, 1, 2**10)):
+        if abs(b) >= floor:
+            return f"{b / size:{sign}.{digits}f} {unit}"
+    return f"{b:{sign}d} B"
 
 
 def _oneline(text, limit: int = 300) -> str:
@@ -30,8 +44,8 @@ def _oneline(text, limit: int = 300) -> str:
 
 def _filters() -> dict:
     return {
-        "gib": lambda b: "—" if b is None else f"{b / GIB:.3f} GiB",
-        "dgib": lambda b: "—" if b is None else f"{b / GIB:+.2f} GiB",
+        "gib": _bytes,
+        "dgib": lambda b: _bytes(b, signed=True),
         "pct": lambda x: "—" if x is None else f"{x:.2%}",
         "num": _num,
         "legs": lambda legs: ", ".join(f"{v:.3f}" for v in legs),
@@ -63,6 +77,7 @@ def write_atomic(path: Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a report is for anyone who can reach the directory
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -83,8 +98,9 @@ def render_run(record: dict, reports_dir, owed: list[dict] | None = None) -> Pat
 def _index_row(record: dict, reports_dir: Path) -> dict:
     if not isinstance(record, dict) or not record.get("run_id"):
         raise ReportError(f"index: a run record without run_id: {str(record)[:80]!r}")
-    path = record.get("report_path")
-    link = os.path.relpath(path, reports_dir) if path else report_name(record["run_id"])
+    # The sibling page when it is there (the index lives beside the pages); else where the run wrote it.
+    path, sibling = record.get("report_path"), report_name(record["run_id"])
+    link = sibling if (reports_dir / sibling).is_file() else os.path.relpath(path, reports_dir) if path else None
     head = record.get("head") or {}
     return {"run_id": record["run_id"], "state": record.get("state", "?"), "link": link,
             "sha": (head.get("sha") or "")[:12], "rev": head.get("rev"),

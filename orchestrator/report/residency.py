@@ -51,9 +51,10 @@ def measurements(record: dict) -> list[dict]:
         return []
     items = res if isinstance(res, list) else [res]
     for i, m in enumerate(items):
-        if not isinstance(m, dict) or not isinstance(m.get("weights"), list):
+        found = m.get("weights") if isinstance(m, dict) else m
+        if not isinstance(found, list):
             raise ReportError(f"run {record.get('run_id')}: residency[{i}].weights: expected a list of "
-                              f"weights, found {type(m).__name__ if not isinstance(m, dict) else m.get('weights')!r}")
+                              f"weights, found {found!r:.80}")
     return items
 
 

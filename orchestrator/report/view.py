@@ -11,7 +11,7 @@ import datetime as dt
 import json
 
 from orchestrator.report import claims as claims_mod
-from orchestrator.report import plots, residency
+from orchestrator.report import residency
 from orchestrator.report.errors import ReportError
 
 DEFAULT_TOLERANCE = 0.02  # grids.verdict's default, used when the record does not carry its policy
@@ -95,6 +95,8 @@ def _tolerance(record: dict, cell: dict) -> float:
 
 def cells(record: dict, with_plots: bool = True) -> list[dict]:
     """Per grid cell: its key, arms (legs, median, spread), claims, and the plot."""
+    if with_plots:  # matplotlib loads only to draw: the ledger and the Markdown body never pay for it
+        from orchestrator.report import plots
     out = []
     for i, cell in enumerate(claims_mod.grid_cells(record)):
         tolerance = _tolerance(record, cell)
@@ -152,6 +154,8 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
     suites = [_census(s) for s in record.get("suites") or []]
     mutations = [_part("mutation", m) for m in record.get("mutations") or []]
     skipped = claims_mod.not_run(record)
+    ledger = None if owed is None else [_part("ledger", o) for o in owed]
+    mine = {(c["cell"], c["what"]) for c in owed_claims}  # the ledger rows this run's own claims stand for
     return {
         "run_id": record["run_id"], "state": record["state"], "error": record.get("error"),
         "head": head, "short": (head.get("sha") or "")[:12] or head.get("rev") or "?",
@@ -166,7 +170,8 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
         "plots": {c["key"]: c["plot"] for c in cell_views},
         "established": established, "owed": owed_claims,
         "not_run": skipped,
-        "ledger": None if owed is None else [_part("ledger", o) for o in owed],
+        "ledger": ledger,
+        "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"]) not in mine],
         "residency": residency.section(record),
         "raw": raw_legs(record),
     }

@@ -1,0 +1,61 @@
+"""`engine bench` and `engine generate` end to end on the CPU (shape of the output, never wall times)."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from engine.cli import _register_all, app
+from engine.commands.bench import SCHEMA_VERSION, synthetic_prompts
+from engine.engine import Engine
+from engine_oracle import tiny
+
+_register_all()
+
+
+def test_bench_prints_one_json_line_with_the_schema():
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny()), "--batch", "2", "--prompt-len", "5",
+                                   "--gen-len", "3", "--iters", "2", "--warmup", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.stdout.strip().splitlines() if ln.startswith("{")]
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert r["schema_version"] == SCHEMA_VERSION
+    assert len(r["decode_tok_s_iters"]) == 2 and all(v > 0 for v in r["decode_tok_s_iters"])
+    assert min(r["decode_tok_s_iters"]) <= r["decode_tok_s"] <= max(r["decode_tok_s_iters"])
+    assert r["ms_per_step"] > 0 and r["prefill_ms"] > 0 and r["peak_rss_bytes"] > 0
+    assert r["peak_device_bytes"] == 0  # CPU
+    eng = Engine(tiny())
+    assert r["bytes_per_decode_step"] == eng.residency()["totals"]["bytes_per_decode_step"]
+    assert {"host", "gpu", "driver", "torch", "triton", "head_sha"} <= set(r["meta"])
+    assert r["params"]["lm_head"] == "packed" and r["params"]["batch"] == 2
+
+
+def test_bench_refuses_a_run_without_decode_steps():
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny()), "--gen-len", "1", "--json"])
+    assert res.exit_code == 2 and "gen-len >= 2" in res.output
+
+
+def test_synthetic_prompts_are_seeded():
+    a = synthetic_prompts(3, 4, 512, seed=7)
+    assert a == synthetic_prompts(3, 4, 512, seed=7) != synthetic_prompts(3, 4, 512, seed=8)
+    assert all(len(p) == 4 and all(0 <= t < 512 for t in p) for p in a)
+
+
+def test_generate_cli_matches_the_api():
+    res = CliRunner().invoke(app, ["generate", "--model", str(tiny()), "--prompt-ids", "1,2,3", "--prompt-ids",
+                                   "4,5", "--max-new", "3", "--lm-head", "dequant", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["tokens"] == Engine(tiny(), lm_head="dequant").generate([[1, 2, 3], [4, 5]], 3)
+    assert len(out["topk"][0]) == 3
+
+
+def test_generate_cli_bad_ids_exit_2():
+    res = CliRunner().invoke(app, ["generate", "--model", str(tiny()), "--prompt-ids", "1,x"])
+    assert res.exit_code == 2 and "comma-separated integers" in res.output
+
+
+def test_info_on_a_missing_checkpoint_is_a_clear_error(tmp_path):
+    res = CliRunner().invoke(app, ["info", "--model", str(tmp_path / "nope"), "--json"])
+    assert res.exit_code == 2 and "config.json" in res.output
