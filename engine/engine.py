@@ -17,7 +17,9 @@ import torch
 
 from engine import residency as _residency
 from engine.backends import compute_dtype, device_for
+from engine.errors import CapacityError
 from engine.kv_cache import KvCache, StateCache
+from engine.linear import HEAD_ARMS
 from engine.memory import memory_snapshot
 from engine.model.build import build_model, prepare_model
 from engine.model_runner import ModelRunner
@@ -38,6 +40,8 @@ class Engine:
                  cuda_graphs: bool | None = None, block_order: list[int] | None = None):
         from engine.loader import load_checkpoint  # the checkpoint loader owns every input check
 
+        if lm_head not in HEAD_ARMS:
+            raise ValueError(f"lm_head {lm_head!r}: expected one of {HEAD_ARMS}")
         self.backend, self.lm_head_arm, self.top_k = backend, lm_head, top_k
         self.device = device_for(backend)
         ckpt = load_checkpoint(Path(model_dir))
@@ -97,6 +101,9 @@ class Engine:
         scheduler = Scheduler(runner.bm, self.max_num_seqs, self.max_num_batched_tokens)
         seqs = [Sequence(i, p, max_new_tokens) for i, p in enumerate(prompts)]
         for s in seqs:
+            if s.max_len > self.max_model_len:  # decode block tables are max_model_len wide
+                raise CapacityError(f"sequence {s.seq_id}: {s.num_prompt_tokens} prompt + {max_new_tokens} new "
+                                    f"tokens exceed max_model_len={self.max_model_len}")
             scheduler.add(s)
         topk: dict[int, list[TopK]] = {s.seq_id: [] for s in seqs}
         timing = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0}

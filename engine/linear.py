@@ -48,7 +48,7 @@ class Nvfp4Linear:
         if self.w4a4:
             x2 = fake_quantize_activations(x2, w.input_scale)
         if self.gemm is not None:
-            y = self.gemm.matmul(x2.to(torch.bfloat16), w).to(x.dtype)
+            y = self.gemm.matmul(x2.to(torch.bfloat16).contiguous(), w).to(x.dtype)
         elif w.dequant_b is not None:  # the head's one resident operand (keep_dequant_b)
             y = F.linear(x2, w.dequant_b.to(x2.dtype))
         else:

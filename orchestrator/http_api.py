@@ -29,7 +29,7 @@ log = logging.getLogger("regate.http")
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8470
 MAX_BODY = 64 * 1024
-_DRAIN_MAX = 16 * MAX_BODY  # read (and drop) this much of an oversize body so the 413 reaches the client
+_DRAIN_MAX = 4 * 2**20  # an oversize body up to this is read and dropped, so the 413 reaches the client
 _GATE_KEYS = {"head": str, "box": str, "grid": str, "force": bool}
 _RUN_PAGE = re.compile(r"^/([A-Za-z0-9._-]+)\.html$")
 _RUN_API = re.compile(r"^/api/runs/([A-Za-z0-9._-]+)$")
@@ -180,12 +180,17 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(n)
 
     def _drain(self, n: int) -> None:
-        """Drop an oversize body so closing the socket does not reset it before the client reads the 413."""
-        left = min(n, _DRAIN_MAX)
-        while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
-            left -= len(chunk)
+        """Drop an oversize body so closing the socket does not reset it before the client reads the 413.
+        A body past _DRAIN_MAX is not worth reading: answer at once and close."""
+        self.close_connection = True
         if n > _DRAIN_MAX:
-            self.close_connection = True
+            return
+        try:
+            left = n
+            while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
+                left -= len(chunk)
+        except OSError:  # the client stalled (socket timeout) or left: the 413 is all it gets
+            pass
 
     def _send(self, status: int, body: Any, ctype: str) -> None:
         if ctype == "json":

@@ -14,8 +14,9 @@ from __future__ import annotations
 import itertools
 import logging
 import signal
-import time
 import threading
+import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ class Service:
         self.server: ApiServer | None = None
         self.workers: list[threading.Thread] = []
         self._handles_signals = self._reclaimed = False
+        self.stop_reason = "shutdown"  # the signal's name once one stops us
 
     def start(self) -> str:
         """Reconcile, then start serving and working; returns the URL served."""
@@ -127,18 +129,23 @@ class Service:
         sweep_every = max(1, int(self.config.timeouts.heartbeat_s / self.poll_s))
         try:
             for n in itertools.count():
-                for f in scheduler.tick():
-                    log.info("firing %s at %s: %s %s", f.schedule_id, f.scheduled_time, f.outcome,
-                             f.run_id or f.detail)
-                if n % sweep_every == 0:
-                    service_queue.beat_queued(conn)
-                    service_queue.reconcile(conn, self.config.timeouts.stale_s)
+                try:
+                    self._tick(scheduler, conn, sweep=n % sweep_every == 0)
+                except Exception:  # a locked or full database: say so, keep serving, try next tick
+                    log.exception("service tick failed")
                 if self.stop.wait(self.poll_s):
                     break
                 self._reclaim_signals()
         finally:
             conn.close()
             self.shutdown()
+
+    def _tick(self, scheduler: Scheduler, conn, sweep: bool) -> None:
+        for f in scheduler.tick():
+            log.info("firing %s at %s: %s %s", f.schedule_id, f.scheduled_time, f.outcome, f.run_id or f.detail)
+        if sweep:
+            service_queue.beat_queued(conn)
+            service_queue.reconcile(conn, self.config.timeouts.stale_s)
 
     def _queue_grid(self, s: Schedule, sha: str) -> str:
         # force: has_binding_grid already decided a re-run is wanted (an owed grid is worth more legs)
@@ -151,13 +158,17 @@ class Service:
         conn = self._connect()
         try:
             while not self.stop.is_set():
-                job = service_queue.claim_next(conn, box)
+                try:
+                    job = service_queue.claim_next(conn, box)
+                except Exception:  # the database is locked or gone for a moment: retry next poll
+                    log.exception("box %s: cannot read the queue", box)
+                    job = None
                 if job is None:
                     self.stop.wait(self.poll_s)
                     continue
                 log.info("box %s: running %s (%s)", box, job.run_id, job.source)
                 try:
-                    run_queued(self.config, conn, job, self.ray, self.stop, _log_event)
+                    run_queued(self.config, conn, job, self.ray, self.stop, _log_event, lambda: self.stop_reason)
                 except Exception:  # a bug here must not kill the worker or leave the run RUNNING forever
                     log.exception("box %s: run %s crashed in the service", box, job.run_id)
                     _record_crash(self.config, conn, job.run_id)
@@ -180,7 +191,11 @@ class Service:
     def install_signal_handlers(self) -> None:
         self._handles_signals = True
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: self.stop.set())
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_reason = signal.Signals(signum).name
+        self.stop.set()
 
     def _reclaim_signals(self) -> None:
         """Ray's core worker installs its own SIGTERM handler (it aborts the process) when the first

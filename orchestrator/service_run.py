@@ -50,7 +50,8 @@ class RayHandle:
 
 
 def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop: threading.Event,
-               progress: Callable[[dict], None] = lambda ev: None) -> dict | None:
+               progress: Callable[[dict], None] = lambda ev: None,
+               stop_reason: Callable[[], str] = lambda: "shutdown") -> dict | None:
     """Run `job`; its final record, or None when a stop interrupted it (the row says how)."""
     t0 = time.monotonic()
     record = db.get(conn, job.run_id)
@@ -64,15 +65,16 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
         record["error"] = (f"git archive of {job.rev[:12]} changed between queueing and running: md5 "
                            f"{record['provenance']['md5_head']} then {arch.md5}; refusing to gate it")
         return gate._finish(config, conn, record, t0)
-    spec = JobSpec(record["run_id"], arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
-                   config.timeouts.lock_s, config.timeouts.idle_wait_s,
-                   str(config.work_dir) if config.work_dir else None, job.grid, (),
-                   str(config.trusted_root) if getattr(config, "trusted_root", None) else None)
+    spec = JobSpec(run_id=record["run_id"], sha=arch.sha, md5_head=arch.md5, box=box_cfg,
+                   build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
+                   idle_wait_s=config.timeouts.idle_wait_s,
+                   work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
+                   trusted_root=str(config.trusted_root) if config.trusted_root else None)
     started = _place(config, conn, spec, arch, record, ray_handle, stop, progress)
     if started is None:
         return gate._finish(config, conn, record, t0)
     if started:
-        service_queue.mark_interrupted(conn, record, "the service stopped (SIGTERM) while the job ran")
+        service_queue.mark_interrupted(conn, record, f"the service stopped ({stop_reason()}) while the job ran")
     else:
         service_queue.requeue(conn, record["run_id"])
     return None

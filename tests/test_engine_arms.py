@@ -79,6 +79,20 @@ def test_a_request_that_cannot_fit_is_a_capacity_error():
         eng.generate([list(range(1, 11))], 5)
 
 
+def test_a_request_past_max_model_len_is_a_capacity_error():
+    eng = Engine(tiny(), max_model_len=8)
+    with pytest.raises(CapacityError, match="6 prompt \\+ 4 new tokens exceed max_model_len=8"):
+        eng.generate([[1, 2], list(range(6))], 4)
+    assert eng.generate([[1, 2, 3, 4, 5]], 4)  # 5 + 4 - 1 = 8 tokens fit exactly
+
+
+def test_unknown_arm_or_backend_is_refused():
+    with pytest.raises(ValueError, match="lm_head 'fp8'"):
+        Engine(tiny(), lm_head="fp8")
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        Engine(tiny(), backend="tpu")
+
+
 def test_bad_prompts_are_refused():
     eng = Engine(tiny())
     with pytest.raises(ValueError, match=r"prompt 1: .*\[0, 512\)"):

@@ -69,3 +69,19 @@ def test_a_gemm_may_not_keep_more_than_the_packed_bytes():
             Engine(tiny(), backend="cpu")
     finally:
         unregister_fp4_gemm("cpu")
+
+
+def test_w4a4_is_opt_in_and_never_the_head(monkeypatch):
+    from engine.linear import Nvfp4Linear
+    from engine.residency import iter_linears
+
+    monkeypatch.delenv("REGATE_NVFP4_W4A4", raising=False)
+    w4a16 = Engine(tiny())
+    assert not [lin.name for lin in iter_linears(w4a16.model) if getattr(lin, "w4a4", False)]
+    monkeypatch.setenv("REGATE_NVFP4_W4A4", "1")
+    w4a4 = Engine(tiny())
+    nvfp4 = [lin for lin in iter_linears(w4a4.model) if isinstance(lin, Nvfp4Linear)]
+    assert all(lin.w4a4 is (lin.role == "tower") for lin in nvfp4)
+    assert any(lin.role == "head" for lin in nvfp4)
+    a, b = w4a16.score([3, 1, 4, 1, 5]), w4a4.score([3, 1, 4, 1, 5])
+    assert not torch.equal(a, b) and (a - b).abs().max() < 0.25 * a.abs().max()  # activations rounded to FP4

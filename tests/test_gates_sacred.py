@@ -18,7 +18,7 @@ SACRED = load_manifest(ROOT).suite("paged_engine")
 @pytest.fixture
 def head(tmp_path):
     """A head tree holding the manifest and the sacred suite's files as this checkout has them."""
-    for rel in ("gates/gates.yaml", *SACRED.files):
+    for rel in ("gates/gates.yaml", "pyproject.toml", *SACRED.files):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     return tmp_path
@@ -93,9 +93,9 @@ def test_a_conftest_or_pytest_config_on_the_suites_path_is_flagged(head, rel):
 
 
 def test_pytest_options_in_pyproject_are_compared(head):
-    shutil.copy(ROOT / "pyproject.toml", head / "pyproject.toml")
-    assert check_sacred(head, trusted=ROOT).ok or check_sacred(head, trusted=ROOT).findings[0].reasons[0].startswith(
-        "files differ")
+    p = head / "pyproject.toml"
+    p.write_text(p.read_text() + "\n# a dependency bump elsewhere in the file is not a gate change\n")
+    assert not [r for r in check_sacred(head, trusted=ROOT).findings[0].reasons if "pyproject" in r]
     text = (head / "pyproject.toml").read_text()
     (head / "pyproject.toml").write_text(text.replace('addopts = "-ra"', 'addopts = "-ra -k namings"'))
     reasons = check_sacred(head, trusted=ROOT).findings[0].reasons

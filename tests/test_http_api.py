@@ -153,6 +153,14 @@ def test_missing_length_and_chunked_bodies_are_refused(api):
     status, answer = request(server, "POST", "/api/gate", iter([b'{"head": "main"}']),
                              {"Transfer-Encoding": "chunked"})
     assert status == 411 and "chunked" in answer["error"]
+    conn = http.client.HTTPConnection(host, port, timeout=10)  # a terabyte announced: refused unread
+    conn.putrequest("POST", "/api/gate")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(10**12))
+    conn.endheaders(b'{"head": "main"}')
+    resp = conn.getresponse()
+    assert resp.status == 413 and "at most 65536" in json.loads(resp.read())["error"]
+    conn.close()
     assert backend.queued == []
 
 
@@ -180,3 +188,12 @@ def test_a_backend_bug_is_a_json_500_and_the_server_keeps_serving(api):
     status, answer = request(server, "POST", "/api/gate", '{"head": "main", "grid": "boom"}')
     assert status == 500 and "RuntimeError: a bug" in answer["error"]
     assert request(server, "GET", "/api/runs")[0] == 200
+
+
+def test_a_body_of_exactly_the_limit_is_accepted(api):
+    server, backend = api
+    body = '{"head": "main"}'
+    body += " " * (MAX_BODY - len(body))
+    assert request(server, "POST", "/api/gate", body)[0] == 202
+    assert request(server, "POST", "/api/gate", body + " ")[0] == 413
+    assert len(backend.queued) == 1

@@ -155,3 +155,45 @@ def _wait(pred, tries=500) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_workers_run_one_job_at_a_time_per_box_and_record_a_crash(env, monkeypatch, tmp_path):
+    config, repo, _ = env
+    config = config_for(tmp_path, repo, boxes=[{"name": "boxa", "lock_path": str(tmp_path / "a.lock")},
+                                               {"name": "boxb", "lock_path": str(tmp_path / "b.lock")}])
+    lock, active, peak, order = threading.Lock(), {"boxa": 0, "boxb": 0}, {"boxa": 0, "boxb": 0}, []
+
+    def fake_run(config, conn, job, ray_handle, stop, *callbacks):  # stands in for the Ray job
+        with lock:
+            active[job.box] += 1
+            peak[job.box] = max(peak[job.box], active[job.box])
+            order.append(job.run_id)
+        time.sleep(0.1)
+        with lock:
+            active[job.box] -= 1
+        if job.grid == "smoke" and job.box == "boxb":
+            raise RuntimeError("a bug in the service")
+        rec = db.get(conn, job.run_id)
+        rec.update(state="PASSED", finished_at=db.utc_now())
+        db.finish(conn, rec)
+        return rec
+
+    monkeypatch.setattr("orchestrator.service.run_queued", fake_run)
+    conn = db.connect(config.db_path)
+    service_queue.ensure_schema(conn)
+    queued = [service_queue.enqueue(conn, config, repo, "main", box, grid, False, "api")[0]["run_id"]
+              for box, grid in [("boxa", None), ("boxa", "smoke"), ("boxb", None), ("boxb", "smoke")]]
+    svc = Service(config, str(repo), host="127.0.0.1", port=0, poll_s=0.02)
+    svc.start()
+    try:
+        assert _wait(lambda: all(db.state_of(conn, r) in db.FINAL for r in queued))
+    finally:
+        svc.stop.set()
+        svc.shutdown()
+    assert [db.state_of(conn, r) for r in queued] == ["PASSED", "PASSED", "PASSED", "ERROR"]
+    assert "the service crashed running this job" in db.get(conn, queued[3])["error"]
+    assert "RuntimeError: a bug in the service" in db.get(conn, queued[3])["error"]
+    assert peak == {"boxa": 1, "boxb": 1}
+    assert [r for r in order if r in queued[:2]] == queued[:2]  # oldest first
+    assert all(not t.is_alive() for t in svc.workers)
+    conn.close()

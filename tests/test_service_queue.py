@@ -119,6 +119,10 @@ def test_has_binding_grid(env):
     assert q.has_binding_grid(conn, sha, "smoke", "boxa")
     assert q.has_binding_grid(conn, sha, "grids/smoke.yaml", "boxa")
     assert not q.has_binding_grid(conn, sha, "other", "boxa")
+    renamed, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", True, "api")
+    finish(conn, renamed["run_id"], "PASSED", {**grid("binding"), "spec": "lmhead-small",
+                                               "source": "/box/tree/grids/small.yaml"})
+    assert q.has_binding_grid(conn, sha, "small", "boxa")  # named by its file, as the box finds it
     assert not q.has_binding_grid(conn, sha, "smoke", "boxb")
     git(repo, "commit", "-q", "--allow-empty", "-m", "next")
     assert not q.has_binding_grid(conn, git(repo, "rev-parse", "HEAD"), "smoke", "boxa")

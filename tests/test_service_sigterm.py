@@ -65,7 +65,7 @@ def wait_for(pred, timeout_s: float, step_s: float = 0.25) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
     repo, quick = make_repo(tmp_path)
     slow = commit_slow_head(repo)

@@ -65,8 +65,8 @@ class GatedDeltaNet:
         out, state = chunk_gated_delta_rule(q, k, v, g[None], beta[None])
         if ctx.kind == "prefill":
             slot = ctx.state_slots[i : i + 1]
-            ctx.state_cache.conv(self.state_index).index_copy_(0, slot, window[..., -(kern - 1):].to(
-                ctx.state_cache.dtype))
+            history = window[..., window.shape[-1] - (kern - 1):]  # the last kern-1 inputs
+            ctx.state_cache.conv(self.state_index).index_copy_(0, slot, history.to(ctx.state_cache.dtype))
             ctx.state_cache.recurrent(self.state_index).index_copy_(0, slot, state)
         return out[0].reshape(t, -1)
 

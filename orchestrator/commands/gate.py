@@ -72,7 +72,8 @@ def _describe(ev: dict) -> str | None:
     if kind == "reused":
         return f"identical gate already recorded: run {ev['run_id']} ({ev['state']}); --force re-runs it"
     if kind == "suite":
-        return f"suite {ev['suite']}: {ev['status']}" + (f" ({ev['detail']})" if ev.get("detail") else "")
+        status = "running" if ev["status"] == "start" else ev["status"]
+        return f"suite {ev['suite']}: {status}" + (f" ({ev['detail']})" if ev.get("detail") else "")
     if kind in ("step", "leg"):
         what = ev.get("step", "grid leg")
         return f"{what}: {ev.get('status', '')} {ev.get('detail', '')}".rstrip()
