@@ -33,7 +33,7 @@ class CheckFailed(AssertionError):
 
 
 @dataclass
-class TestCensus:
+class NodeCensus:
     checks_passed: int = 0
     checks_total: int = 0
     failed: list[str] = field(default_factory=list)
@@ -45,7 +45,7 @@ class TestCensus:
 class Check:
     """The `check` fixture's value: soft assertions that count."""
 
-    def __init__(self, record: TestCensus):
+    def __init__(self, record: NodeCensus):
         self._r = record
 
     def __call__(self, cond: object, what: str = "") -> bool:
@@ -73,11 +73,11 @@ class _Census:
     """Per-session state and the hooks that need it (registered as a plugin instance per session)."""
 
     def __init__(self):
-        self.tests: dict[str, TestCensus] = {}
+        self.tests: dict[str, NodeCensus] = {}
         self.collection_errors = 0
 
-    def record(self, nodeid: str) -> TestCensus:
-        return self.tests.setdefault(nodeid, TestCensus())
+    def record(self, nodeid: str) -> NodeCensus:
+        return self.tests.setdefault(nodeid, NodeCensus())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
