@@ -37,13 +37,13 @@ def run_pins(tree_root: str | Path, pins: list[str] | None = None, python: str =
     baselines: dict[str, dict] = {}
     results = []
     for pin in chosen:
-        suite = manifest.suite(pin.suite)
-        base = None
-        if baseline:
-            if suite.name not in baselines:  # the whole suite: any selection within a green suite is green
+        if pin.suite not in manifest.names():
+            result = _result(pin, STALE, 0, f"its suite {pin.suite!r} is not in the manifest", 0.0)
+        else:
+            suite = manifest.suite(pin.suite)
+            if baseline and suite.name not in baselines:  # the whole suite: any part of a green suite is green
                 baselines[suite.name] = run_suite_copy(root, suite, (), python, mutate=None)
-            base = baselines[suite.name]
-        result = run_pin(root, pin, suite, python, base)
+            result = run_pin(root, pin, suite, python, baselines.get(suite.name))
         if progress is not None:
             progress(result)
         results.append(result)
@@ -54,8 +54,12 @@ def run_pin(root: Path, pin: Pin, suite: Suite, python: str, base: dict | None) 
     t0 = time.monotonic()
     run = run_suite_copy(root, suite, pin.select, python, mutate=pin)
     state, detail = judge(pin, run, base)
-    return {"pin": pin.name, "suite": suite.name, "state": state, "failures": run.get("failures", 0),
-            "expected_min": pin.expected_min, "detail": detail, "duration_s": round(time.monotonic() - t0, 2)}
+    return _result(pin, state, run.get("failures", 0), detail, time.monotonic() - t0)
+
+
+def _result(pin: Pin, state: str, failures: int, detail: str, duration_s: float) -> dict:
+    return {"pin": pin.name, "suite": pin.suite, "state": state, "failures": failures,
+            "expected_min": pin.expected_min, "detail": detail, "duration_s": round(duration_s, 2)}
 
 
 def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
@@ -121,6 +125,6 @@ def _summary(record: dict) -> str:
     bad = [(n, t) for n, t in record["tests"].items() if t["outcome"] in ("failed", "error")]
     if bad:
         name, t = bad[0]
-        first = (t["message"] or t["outcome"]).splitlines()[0][:200]
+        first = (t.get("failed_checks") or (t["message"] or t["outcome"]).splitlines())[0][:200]
         text += f"; first red: {name}: {first}"
     return text

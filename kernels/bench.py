@@ -15,6 +15,7 @@ import datetime
 import itertools
 import json
 import math
+import sys
 
 import torch
 
@@ -104,7 +105,7 @@ def time_tinygemm(n: int, k: int, m: int, group: int = 32) -> float | None:
             torch.ops.aten._weight_int4pack_mm(x, p, group, sz)
         return median_ms(run)
     except (RuntimeError, NotImplementedError) as e:
-        print(f"tinygemm unavailable: {str(e).splitlines()[0]}", file=__import__("sys").stderr)
+        print(f"tinygemm unavailable: {str(e).splitlines()[0]}", file=sys.stderr)
         return None
 
 
@@ -161,7 +162,7 @@ def main(argv=None) -> None:
         from kernels.sweep import table_from_sweep
         with open(a.table_from) as f:
             tuning.TABLE = table_from_sweep(json.loads(f.readline())["results"])
-        print("TABLE =", tuning.TABLE, file=__import__("sys").stderr)
+        print("TABLE =", tuning.TABLE, file=sys.stderr)
     read_gbps = read_bandwidth_gbps()
     rows = [bench_row(name, n, k, m, read_gbps) for name, (n, k) in shapes.items() for m in ms]
     if not a.json:

@@ -92,6 +92,19 @@ def _check_weight(packed: torch.Tensor, block_scale: torch.Tensor, name: str) ->
         raise ValueError(f"{name}: packed and block_scale need unit stride along K")
 
 
+def _check_operands(x, packed, block_scale, name: str) -> tuple[int, int, int]:
+    """(M, K, N) of a valid call, else a ValueError naming the tensor, expected vs found."""
+    if x.dim() != 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: x must be bf16 [M, K], found {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    if k % BLOCK:
+        raise ValueError(f"{name}: K must be a multiple of {BLOCK}, found K={k}")
+    _check_weight(packed, block_scale, name)
+    if packed.shape[1] * 2 != k:
+        raise ValueError(f"{name}: x has K={k} but packed [N, K/2] has K={packed.shape[1] * 2}")
+    return m, k, packed.shape[0]
+
+
 def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
                *, config: tuning.KernelConfig | None = None, out: torch.Tensor | None = None,
                name: str = "nvfp4_gemm") -> torch.Tensor:
@@ -99,15 +112,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor,
 
     `config` overrides the table (the benchmark's sweep); `out` is written instead of a fresh tensor.
     """
-    if x.dim() != 2 or x.dtype != torch.bfloat16:
-        raise ValueError(f"{name}: x must be bf16 [M, K], found {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    if k % BLOCK:
-        raise ValueError(f"{name}: K must be a multiple of {BLOCK}, found K={k}")
-    _check_weight(packed, block_scale, name)
-    n = packed.shape[0]
-    if packed.shape[1] * 2 != k:
-        raise ValueError(f"{name}: x has K={k} but packed [N, K/2] has K={packed.shape[1] * 2}")
+    m, k, n = _check_operands(x, packed, block_scale, name)
     if x.stride(1) != 1:
         x = x.contiguous()
     from kernels import nvfp4_triton as kt  # after validation: bad input errors need no Triton
@@ -117,7 +122,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor,
     splits, k_per_split = tuning.split_k(m, n, k, cfg, block_k, _sm_count(x.device))
     y = _output(out, m, n, x.device, name)
     out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    grid = (triton_cdiv(n, cfg.block_n), triton_cdiv(m, cfg.block_m), splits)
+    grid = (_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m), splits)
     words = packed.view(torch.int32)  # [N, K/8]: K % 16 == 0 makes every row whole words
     args = (x, words, block_scale.view(torch.uint8), out, m, n, k, k_per_split,
             x.stride(0), words.stride(0), block_scale.stride(0), n, m * n,
@@ -129,7 +134,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor,
                  SPLIT=splits, NUM_STAGES=cfg.num_stages, USE_ASM=x.is_cuda, num_warps=cfg.num_warps)
     if splits > 1:
         block = 1024
-        kt.reduce_splits_kernel[(triton_cdiv(m * n, block),)](out, y, m * n, SPLIT=splits, BLOCK=block)
+        kt.reduce_splits_kernel[(_cdiv(m * n, block),)](out, y, m * n, SPLIT=splits, BLOCK=block)
     return y
 
 
@@ -147,7 +152,7 @@ def _output(out: torch.Tensor | None, m: int, n: int, device, name: str) -> torc
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 

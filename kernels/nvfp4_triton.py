@@ -1,28 +1,29 @@
 """The Triton kernels of the packed NVFP4 W4A16 GEMM (imported only where Triton is installed).
 
-Data layout (the checkpoint's own; nothing is repacked):
-  x      bf16 [M, K]        row-major (last stride 1)
-  packed u8   [N, K/2]      byte j of row n holds W[n, 2j] in the LOW nibble and W[n, 2j+1] in the high
-  scale  u8   [N, K/16]     the E4M3 block scales, viewed as raw bytes
-  y      bf16 [M, N]        or, with split-K, FP32 partials [SPLIT, M, N] summed by `reduce_splits_kernel`
+Data layout (the checkpoint's own bytes; nothing is repacked):
+  x      bf16 [M, K]      row-major; the MMA kernel takes it with each 8 columns permuted (below)
+  w      i32  [N, K/8]    the packed u8 [N, K/2] viewed as little-endian words: nibble j of word c
+                          (bits 4j..4j+3) is W[n, 8c + j] (element 0 in the LOW nibble of byte 0)
+  scale  u8   [N, K/16]   the E4M3 block scales, viewed as raw bytes
+  y      bf16 [M, N]      or, with split-K, FP32 partials [SPLIT, M, N] summed by `reduce_splits_kernel`
 
-Dequantization happens in registers by bit tricks, exactly (no rounding anywhere before the FP32
-accumulator):
-  E2M1 nibble s|eem -> FP16 bits (s << 15) | (eem << 9): an FP16 whose value is e2m1 * 2^-14 (the
-      subnormal FP16 covers E2M1's subnormal 0.5, so no fix-up is needed).
-  E4M3 byte  s|eeeemmm -> FP16 bits (s << 15) | (eeeemmm << 7): e4m3 * 2^-8, same reasoning.
-  Both powers of two are folded into one FP32 `out_scale = global_scale * 2^22` applied to the
-  accumulator, so the product e2m1 * e4m3 (at most 6 significant bits) is exact in BF16 and FP32.
+Dequantization happens in registers by bit tricks, exactly (nothing is rounded before the FP32
+accumulator), two 16-bit lanes per 32-bit instruction: nibbles j and j+4 of a word sit 16 bits
+apart, so one shift + mask places both.
+  GEMV: nibble s|eem -> FP16 bits (s << 15) | (eem << 9) = e2m1 * 2^-14 (FP16's subnormal covers
+      E2M1's 0.5), widened to FP32; FMA with x; the block scale multiplies each 16-value partial sum.
+  MMA: nibble -> BF16 bits (s << 15) | (eem << 6) = e2m1 * 2^-126 (0.5 lands on a BF16 subnormal,
+      which mul.bf16x2 keeps), times the block scale in one mul.rn.bf16x2: e2m1 * e4m3 has at most 6
+      significant bits, so the BF16 operand is exact.
+  E4M3 byte s|eeeemmm -> FP16 bits (s << 15) | (eeeemmm << 7) = e4m3 * 2^-8, same reasoning.
+  The powers of two are folded into one FP32 `out_scale = global_scale * 2^22` on the accumulator.
 
-The K order inside a dot product does not matter, so neither kernel interleaves nibbles: the low
-nibbles meet the even columns of x and the high nibbles the odd ones.
-
-`gemv_kernel`: small M. FMA + reductions; the block scale multiplies a 16-element partial sum once
-instead of every element. `mma_kernel`: larger M, "swap AB": the dequantized weight tile is the A
-operand [BLOCK_N, BLOCK_K/2] and x^T the B operand, so the tensor-core tile's narrow side is M.
-Both take a split-K grid axis for shapes whose N alone cannot fill the SMs. `USE_ASM` is set on the
-GPU; under Triton's CPU interpreter (no PTX there) plain-Triton twins decode the same bits and the
-dot runs in FP32 (the interpreter's BF16 tl.dot is broken; the values are exact in either).
+`gemv_kernel`: M = 1 (any M works: one pass of the decoded tile per row). `mma_kernel`: larger M,
+"swap AB": the dequantized weight tile is the A operand [BLOCK_N, BLOCK_K] and x^T the B operand,
+so the tensor-core tile's narrow side is M. Both take a split-K grid axis for shapes whose N alone
+cannot fill the SMs. `USE_ASM` is set on the GPU; under Triton's CPU interpreter (no PTX there)
+plain-Triton twins decode the same bits and the dot runs in FP32 (the interpreter's BF16 tl.dot is
+broken; the values are exact in either).
 """
 from __future__ import annotations
 
@@ -142,7 +143,12 @@ def _store(y_ptr, acc_mn, offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out
         tl.store(y_ptr + pid_k * stride_ys + ptrs, out, mask=mask)
 
 
-@triton.jit
+# M (and M*N) vary call to call; not specializing them on divisibility keeps one compiled variant
+# per config, so prepare()'s warm-up covers every M and nothing compiles inside a CUDA-graph capture.
+_VARYING = ["M", "stride_ys"]
+
+
+@triton.jit(do_not_specialize=_VARYING)
 def gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
                 stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -186,7 +192,7 @@ def gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
     _store(y_ptr, acc, offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale, SPLIT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING)
 def mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
                stride_xm, stride_wn, stride_sn, stride_ym, stride_ys, out_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -233,7 +239,7 @@ def mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, k_per_split,
     _store(y_ptr, tl.trans(acc), offs_m, offs_n, M, N, stride_ym, pid_k, stride_ys, out_scale, SPLIT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def reduce_splits_kernel(ws_ptr, y_ptr, numel, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """y = sum over splits of the FP32 partials (already scaled), cast to BF16 once."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -35,12 +35,13 @@ class KernelConfig:
 
 
 # (largest M the row serves, config), ascending; the last row serves every larger M.
+# From `scripts/device_kernels.sh tune` on the H200, 2026-11-30 (lm_head 248320 x 5120; the fastest
+# of 22/12/12/15 candidates at M = 1/16/64/256; docs/KERNEL-NOTES.md has the runners-up).
 TABLE: tuple[tuple[int, KernelConfig], ...] = (
-    (1, KernelConfig("gemv", 1, 64, 256, 4)),
-    (16, KernelConfig("mma", 16, 64, 256, 4, 2)),
-    (32, KernelConfig("mma", 32, 64, 256, 4, 2)),
-    (64, KernelConfig("mma", 64, 128, 128, 4, 2)),
-    (1 << 62, KernelConfig("mma", 128, 128, 128, 8, 3)),
+    (1, KernelConfig("gemv", 1, 32, 512, 4)),  # 0.269 ms (the best MMA config: 0.407 ms)
+    (16, KernelConfig("mma", 16, 64, 256, 4, 3)),  # 0.402 ms at M=16
+    (64, KernelConfig("mma", 64, 128, 128, 8, 3)),  # 0.571 ms at M=64
+    (1 << 62, KernelConfig("mma", 256, 128, 128, 8, 3)),  # 1.289 ms at M=256
 )
 
 

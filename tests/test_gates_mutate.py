@@ -54,6 +54,8 @@ PINS = {
                       "edits: [{file: toy/lib.py, search: 'return lo', replace: 'return lo - 1'}]\n",
     "harmless": "suite: toy\nexpected_min: 1\nwhy: an equivalent rewrite\n"
                 "edits: [{file: toy/lib.py, search: '    return x', replace: '    return x + 0'}]\n",
+    "no-suite": "suite: toy_removed\nexpected_min: 1\nwhy: its suite was dropped from the manifest\n"
+                "edits: [{file: toy/lib.py, search: 'x < lo', replace: 'x <= lo'}]\n",
     "gone": "suite: toy\nexpected_min: 1\nwhy: targets a function that was renamed\n"
             "edits: [{file: toy/lib.py, function: clip, search: 'x < lo', replace: 'x <= lo'}]\n",
     "narrowed": "suite: toy\nexpected_min: 2\nwhy: shifts every result; runs test_outside only\n"
@@ -100,6 +102,7 @@ def test_states_and_the_tree_untouched(tmp_path):
     assert by["wants-too-many"]["state"] == "SURVIVED" and "only 1 failure" in by["wants-too-many"]["detail"]
     assert by["harmless"]["state"] == "SURVIVED" and "green" in by["harmless"]["detail"]
     assert by["gone"]["state"] == "STALE" and "clip() is gone" in by["gone"]["detail"]
+    assert by["no-suite"]["state"] == "STALE" and "not in the manifest" in by["no-suite"]["detail"]
     assert set(results[0]) >= {"pin", "suite", "state", "failures", "expected_min"}
     assert tree_digest(tree) == before
 

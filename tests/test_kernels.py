@@ -137,3 +137,12 @@ def test_available_names_a_reason_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
     assert available() == (False, "no CUDA GPU")
+
+
+def test_x_permutation_matches_the_mma_weight_order():
+    from kernels.nvfp4_gemm import permute_x_for_mma
+
+    x = torch.arange(2 * 32, dtype=torch.float32).reshape(2, 32).bfloat16()
+    order = [0, 4, 1, 5, 2, 6, 3, 7]  # kernels/nvfp4_triton.py `_interleave8`
+    want = torch.stack([x[:, 8 * c + j] for c in range(4) for j in order], dim=1)
+    assert torch.equal(permute_x_for_mma(x), want)

@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         progress = None if as_json else (lambda r: typer.echo(_line(r)))
         try:
             out = mutate(head, repo, None if all_pins else list(pin), progress=progress)
-        except (ProvenanceError, ManifestError, PinError, KeyError) as e:
+        except (ProvenanceError, ManifestError, PinError) as e:
             typer.echo(f"orchestrator mutate: {e}", err=True)
             raise typer.Exit(2)
         results = out["mutations"]
