@@ -33,7 +33,7 @@ from grids.verdict import RULES
 
 LM_HEADS = ("packed", "dequant")
 BACKENDS = ("cpu", "cuda")
-TOP_KEYS = {"name", "backend", "legs", "max_legs", "warmup", "iters", "timeout_s", "verdict",
+TOP_KEYS = {"name", "backend", "legs", "max_legs", "until_binding", "warmup", "iters", "timeout_s", "verdict",
             "checkpoint", "arms", "cells"}
 
 
@@ -96,6 +96,7 @@ class GridSpec:
     cells: tuple[Cell, ...]
     legs: int = 3
     max_legs: int = 8
+    until_binding: bool = False  # a gate's --grid keeps adding legs up to max_legs
     warmup: int = 1
     iters: int = 3
     timeout_s: float = 900.0
@@ -108,6 +109,12 @@ class GridSpec:
             raise SpecError(f"--backend: expected one of {', '.join(BACKENDS)}, found {backend!r}")
         arms = tuple(dataclasses.replace(a, backend=backend) for a in self.arms)
         return dataclasses.replace(self, arms=arms)
+
+
+def _flag(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: expected true or false, found {value!r}")
+    return value
 
 
 def load_spec(path: str | Path) -> GridSpec:
@@ -133,6 +140,7 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
         cells=_cells(where, top.get("cells"), defaults),
         legs=legs,
         max_legs=where.count(top.get("max_legs", max(legs, 8)), "max_legs", legs),
+        until_binding=_flag(top.get("until_binding", False), f"{source}: until_binding"),
         warmup=where.count(top.get("warmup", 1), "warmup", 0),
         iters=where.count(top.get("iters", 3), "iters", 1),
         timeout_s=where.number(top.get("timeout_s", 900), "timeout_s"),

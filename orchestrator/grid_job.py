@@ -40,7 +40,8 @@ def run_tree_grid(tree: Path, spec: str, emit: Callable[[dict], None]) -> dict:
               "detail": f"cell {p.cell} leg {p.leg} {what}"})
     emit({"event": "step", "step": "grid", "status": "start", "detail": str(path.relative_to(tree))})
     try:
-        result = run_grid(load_spec(path), launcher=launcher, progress=on_progress)
+        grid = load_spec(path)
+        result = run_grid(grid, until_binding=grid.until_binding, launcher=launcher, progress=on_progress)
     except Exception as e:  # GridError, SpecError, a checkpoint that cannot be made
         raise GridJobError(f"grid {spec!r} failed: {type(e).__name__}: {e}") from None
     emit({"event": "step", "step": "grid", "status": "done", "detail": f"{len(result['cells'])} cell(s)"})

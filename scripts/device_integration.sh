@@ -9,13 +9,15 @@
 #   bench    engine bench per arm at batch 1 and 16
 #   grid     grids/lmhead.yaml --until-binding (max $MAX_LEGS legs)
 #   gate     orchestrator gate --head HEAD on this box (embedded default: local Ray, one box)
+#   twobox   (2 GPUs) a Ray cluster of two boxes, one GPU and one lock each; two heads gated
+#            concurrently, each pinned to the box it was sent to; box gpu0's gate also runs the grid
 # Usage: bash scripts/device_integration.sh setup cudatest synth arms bench grid gate
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REGATE_CACHE=${REGATE_CACHE:-/tmp/regate-cache} REGATE_SYNTH_DEVICE=cuda
 export PYTHONPATH=/tmp/site:$PWD
-LAYERS=${LAYERS:-4}; MAX_LEGS=${MAX_LEGS:-4}; PY=python3
+LAYERS=${LAYERS:-4}; MAX_LEGS=${MAX_LEGS:-4}; PY=${PY:-python3}
 ckpt() { $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$LAYERS, naming='modelopt', head='nvfp4', seed=0))" | tail -1; }
 
 stage_setup() {
@@ -55,6 +57,32 @@ stage_gate() {
   local repo=$PWD
   if [ ! -d .git ]; then git clone -q .regate-bundle/repo.bundle /tmp/repo && repo=/tmp/repo; fi
   (cd "$repo" && $PY -m orchestrator.cli gate --head HEAD --json) | tail -40
+}
+stage_twobox() {
+  rm -rf /tmp/repo2 /tmp/orch2; git clone -q .regate-bundle/repo.bundle /tmp/repo2 || return 1
+  mkdir -p /tmp/orch2
+  (cd /tmp/repo2 && git -c user.email=ci@regate -c user.name=regate commit -q --allow-empty -m "second head")
+  local h1 h2; h1=$(git -C /tmp/repo2 rev-parse HEAD~1); h2=$(git -C /tmp/repo2 rev-parse HEAD)
+  local m=${BOX_MARKERS:-'["packed NVFP4 W4A16 GEMM: ENABLED"]'} g=${BOX_GPUS:-1}
+  cat > /tmp/orch2/orchestrator.yaml <<Y
+ray_address: auto
+db_path: /tmp/orch2/regate.db
+reports_dir: /tmp/orch2/reports
+boxes:
+  - {name: gpu0, lock_path: /tmp/orch2/gpu0.lock, gpus: $g, required_markers: $m}
+  - {name: gpu1, lock_path: /tmp/orch2/gpu1.lock, gpus: $g, required_markers: $m}
+Y
+  local ray="$PY -m ray.scripts.scripts"
+  CUDA_VISIBLE_DEVICES=0 $ray start --head --port=6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu0": 1}' --labels=box=gpu0 --include-dashboard=false --disable-usage-stats
+  CUDA_VISIBLE_DEVICES=1 $ray start --address=127.0.0.1:6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu1": 1}' --labels=box=gpu1 --disable-usage-stats
+  export RAY_ADDRESS=127.0.0.1:6390
+  local t0; t0=$(date +%s)
+  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h1" --box gpu0 ${GRID:+--grid $GRID} --json > /tmp/orch2/gate_gpu0.log 2>&1; echo "gpu0 rc=$? $(( $(date +%s) - t0 ))s") &
+  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h2" --box gpu1 --json > /tmp/orch2/gate_gpu1.log 2>&1; echo "gpu1 rc=$? $(( $(date +%s) - t0 ))s") &
+  wait
+  $ray stop --force >/dev/null 2>&1
+  for b in gpu0 gpu1; do tail -1 /tmp/orch2/gate_$b.log > "$OUT/gate_$b.json"; tail -30 /tmp/orch2/gate_$b.log; done
+  tar czf "$OUT/reports.tgz" -C /tmp/orch2 reports regate.db
 }
 
 for s in "$@"; do

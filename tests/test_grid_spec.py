@@ -94,3 +94,13 @@ def test_unreadable_and_invalid_files(tmp_path):
         load_spec(bad)
     with pytest.raises(SpecError, match="--backend"):
         parse_spec(GOOD).with_backend("tpu")
+
+
+def test_until_binding_flag_is_read_and_validated():
+    from grids.spec import SpecError, parse_spec
+    base = {"name": "g", "arms": {"a": {"lm_head": "packed"}, "b": {"lm_head": "dequant"}},
+            "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}]}
+    assert parse_spec(base).until_binding is False
+    assert parse_spec({**base, "until_binding": True}).until_binding is True
+    with pytest.raises(SpecError, match="until_binding"):
+        parse_spec({**base, "until_binding": "yes"})
