@@ -73,15 +73,16 @@ boxes:
   - {name: gpu1, lock_path: /tmp/orch2/gpu1.lock, gpus: $g, required_markers: $m}
 Y
   local ray="$PY -m ray.scripts.scripts"
+  export RAY_AUTH_MODE=token  # the cluster and its clients share ~/.ray/auth_token
   CUDA_VISIBLE_DEVICES=0 $ray start --head --port=6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu0": 1}' --labels=box=gpu0 --include-dashboard=false --disable-usage-stats
   CUDA_VISIBLE_DEVICES=1 $ray start --address=127.0.0.1:6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu1": 1}' --labels=box=gpu1 --disable-usage-stats
   export RAY_ADDRESS=127.0.0.1:6390
   local t0; t0=$(date +%s)
-  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h1" --box gpu0 ${GRID:+--grid $GRID} --json > /tmp/orch2/gate_gpu0.log 2>&1; echo "gpu0 rc=$? $(( $(date +%s) - t0 ))s") &
-  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h2" --box gpu1 --json > /tmp/orch2/gate_gpu1.log 2>&1; echo "gpu1 rc=$? $(( $(date +%s) - t0 ))s") &
+  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h1" --box gpu0 ${GRID:+--grid $GRID} --json > "$OUT/gate_gpu0.log" 2>&1; echo "gpu0 rc=$? $(( $(date +%s) - t0 ))s") &
+  (cd /tmp/repo2 && $PY -m orchestrator.cli gate --config /tmp/orch2/orchestrator.yaml --head "$h2" --box gpu1 --json > "$OUT/gate_gpu1.log" 2>&1; echo "gpu1 rc=$? $(( $(date +%s) - t0 ))s") &
   wait
   $ray stop --force >/dev/null 2>&1
-  for b in gpu0 gpu1; do tail -1 /tmp/orch2/gate_$b.log > "$OUT/gate_$b.json"; tail -30 /tmp/orch2/gate_$b.log; done
+  for b in gpu0 gpu1; do grep -v gcs_client "$OUT/gate_$b.log" | tail -25; done
   tar czf "$OUT/reports.tgz" -C /tmp/orch2 reports regate.db
 }
 
