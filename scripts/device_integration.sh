@@ -74,6 +74,7 @@ boxes:
 Y
   local ray="$PY -m ray.scripts.scripts"
   export RAY_AUTH_MODE=token  # the cluster and its clients share ~/.ray/auth_token
+  mkdir -p ~/.ray; [ -s ~/.ray/auth_token ] || $PY -c "import secrets; print(secrets.token_hex(32))" > ~/.ray/auth_token
   CUDA_VISIBLE_DEVICES=0 $ray start --head --port=6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu0": 1}' --labels=box=gpu0 --include-dashboard=false --disable-usage-stats
   CUDA_VISIBLE_DEVICES=1 $ray start --address=127.0.0.1:6390 --num-cpus=8 --num-gpus=$g --resources='{"box:gpu1": 1}' --labels=box=gpu1 --disable-usage-stats
   export RAY_ADDRESS=127.0.0.1:6390
