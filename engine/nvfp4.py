@@ -123,13 +123,26 @@ def quantize(w: torch.Tensor, global_scale: float | None = None) -> Quantized:
     return Quantized(pack_nibbles(codes), bscale, float(global_scale))
 
 
+DEQUANT_CHUNK_ELEMS = 1 << 24  # bounds the FP32/index temporaries (~0.3 GB), whatever the weight's size
+
+
 def dequantize_raw(packed, block_scale, global_scale: float, dtype=torch.float32) -> torch.Tensor:
-    """w = e2m1[nibble] * float(block_scale) * global_scale, computed in FP32, then cast once."""
+    """w = e2m1[nibble] * float(block_scale) * global_scale, computed in FP32, then cast once.
+
+    Row chunk by row chunk into the output, on the packed bytes' device: dequantizing the 27B head
+    (1.27 G values) whole would hold ~15 GB of index and FP32 temporaries at once.
+    """
     n, half_k = packed.shape
     k = half_k * 2
-    vals = decode_e2m1(unpack_nibbles(packed)).reshape(n, k // BLOCK, BLOCK)
-    scale = block_scale.float().unsqueeze(-1) * torch.tensor(global_scale, dtype=torch.float32)
-    return (vals * scale).reshape(n, k).to(dtype)
+    out = torch.empty((n, k), dtype=dtype, device=packed.device)
+    step = max(1, DEQUANT_CHUNK_ELEMS // max(k, 1))
+    gscale = torch.tensor(global_scale, dtype=torch.float32, device=packed.device)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        vals = decode_e2m1(unpack_nibbles(packed[r0:r1])).reshape(r1 - r0, k // BLOCK, BLOCK)
+        scale = block_scale[r0:r1].float().unsqueeze(-1) * gscale
+        out[r0:r1] = (vals * scale).reshape(r1 - r0, k)
+    return out
 
 
 def w4a4_enabled() -> bool:

@@ -89,7 +89,7 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
                        str(config.trusted_root) if config.trusted_root else None, accept_sacred)
         _place_and_run(config, spec, arch, record, conn, progress, address or config.ray_address)
-        return _finish(config, conn, record, t0)
+        return finish_run(config, conn, record, t0)
     finally:
         conn.close()
 
@@ -111,7 +111,7 @@ def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
             progress(ev)
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
                        lambda: db.beat(conn, record["run_id"]), on_event)
-        _merge(record, parts, put_s)
+        merge_result(record, parts, put_s)
     except PlacementError as e:
         record["error"] = str(e)
     except JobLost as e:
@@ -129,7 +129,11 @@ def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
             ray.shutdown()
 
 
-def _merge(record: dict, parts: dict, put_s: float) -> None:
+def merge_result(record: dict, parts: dict, put_s: float) -> None:
+    """Fold the box's part of a run (`job.run_job`'s result, as `placement.stream` returns it) into
+    `record`, in place: box identity, provenance, not_run appended, every other part set, and the
+    box's timings with `fetch_s` replaced by `transfer_s` (the head's `ray.put` plus the box's fetch).
+    Consumes `parts`."""
     timings = parts.pop("timings", {})
     record["box"].update(parts.pop("box"))
     record["provenance"].update(parts.pop("provenance", {}))
@@ -139,7 +143,11 @@ def _merge(record: dict, parts: dict, put_s: float) -> None:
     record["timings"]["transfer_s"] = round(put_s + timings.get("fetch_s", 0.0), 3)
 
 
-def _finish(config: Config, conn, record: dict, t0: float) -> dict:
+def finish_run(config: Config, conn, record: dict, t0: float) -> dict:
+    """End a run and store it: the final state (`decide`, a LOST record stays LOST), finished_at and
+    total_s (from monotonic `t0`), the HTML report rendered, then the row and the owed-ledger sync in
+    one transaction, then the report again with the open owed items and the index. Returns `record`.
+    A report failure lands in not_run; it never loses the result."""
     if record["state"] != "LOST":
         record["state"] = decide(record)
     record["finished_at"] = db.utc_now()

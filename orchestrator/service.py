@@ -237,7 +237,7 @@ def _record_crash(config: Config, conn, run_id: str) -> None:
         if record["state"] in db.FINAL:
             return
         record["error"] = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
-        gate._finish(config, conn, record, time.monotonic())
+        gate.finish_run(config, conn, record, time.monotonic())
     except Exception:
         log.exception("could not record the crash of run %s", run_id)
 

@@ -4,8 +4,8 @@
 run id) and runs later, and must be able to stop a running job on SIGTERM. So this file re-archives
 the queued sha (its md5 must match the one recorded at queue time), places the job with
 `placement`, beats the heartbeat, and on a stop cancels the box's task and records the interruption
-instead of a result. A finished job is recorded exactly as the CLI records it (`gate._finish`: state,
-report, owed-ledger sync in one transaction).
+instead of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run`:
+state, report, owed-ledger sync in one transaction).
 """
 from __future__ import annotations
 
@@ -60,11 +60,11 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
         arch = archive(job.repo, job.rev)
     except ProvenanceError as e:
         record["error"] = f"the queued head can no longer be archived: {e}"
-        return gate._finish(config, conn, record, t0)
+        return gate.finish_run(config, conn, record, t0)
     if arch.md5 != record["provenance"]["md5_head"]:
         record["error"] = (f"git archive of {job.rev[:12]} changed between queueing and running: md5 "
                            f"{record['provenance']['md5_head']} then {arch.md5}; refusing to gate it")
-        return gate._finish(config, conn, record, t0)
+        return gate.finish_run(config, conn, record, t0)
     spec = JobSpec(run_id=record["run_id"], sha=arch.sha, md5_head=arch.md5, box=box_cfg,
                    build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
                    idle_wait_s=config.timeouts.idle_wait_s,
@@ -72,7 +72,7 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
                    trusted_root=str(config.trusted_root) if config.trusted_root else None)
     started = _place(config, conn, spec, arch, record, ray_handle, stop, progress)
     if started is None:
-        return gate._finish(config, conn, record, t0)
+        return gate.finish_run(config, conn, record, t0)
     if started:
         service_queue.mark_interrupted(conn, record, f"the service stopped ({stop_reason()}) while the job ran")
     else:
@@ -106,7 +106,7 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool
         gen = submit(spec, ref)
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
                        tick, on_event)
-        gate._merge(record, parts, put_s)
+        gate.merge_result(record, parts, put_s)
     except Interrupted:
         _cancel(gen)
         return started[0]

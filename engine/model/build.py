@@ -71,7 +71,8 @@ class _Builder:
             return DenseLinear("lm_head", embed, role="head")
         if "lm_head" not in self.ckpt.linears:
             raise CheckpointError(f"checkpoint: head_kind {self.ckpt.head_kind!r} but no 'lm_head' Linear")
-        return load_head(self.ckpt.linears["lm_head"], arm, self.gemm).to(self.device)
+        # Placed first so the dequant arm dequantizes on the device, not in host memory.
+        return load_head(self.ckpt.linears["lm_head"].to(self.device), arm, self.gemm).to(self.device)
 
 
 def build_model(ckpt, backend: str, lm_head: str) -> Qwen3_5Model:
