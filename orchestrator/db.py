@@ -55,6 +55,10 @@ def connect(path: str | Path) -> sqlite3.Connection:
 
 @contextmanager
 def transaction(conn: sqlite3.Connection):
+    """One transaction; inside a caller's transaction, join it (the caller's commit is ours)."""
+    if conn.in_transaction:
+        yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn

@@ -133,7 +133,7 @@ def merge_result(record: dict, parts: dict, put_s: float) -> None:
     """Fold the box's part of a run (`job.run_job`'s result, as `placement.stream` returns it) into
     `record`, in place: box identity, provenance, not_run appended, every other part set, and the
     box's timings with `fetch_s` replaced by `transfer_s` (the head's `ray.put` plus the box's fetch).
-    Consumes `parts`."""
+    Pops the parts it merges field by field from `parts`."""
     timings = parts.pop("timings", {})
     record["box"].update(parts.pop("box"))
     record["provenance"].update(parts.pop("provenance", {}))

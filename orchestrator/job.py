@@ -1,4 +1,4 @@
-"""The job body that runs on a box: verify, unpack, build, lock, idle check, suites, pins, grid.
+"""The job body that runs on a box: verify, unpack, build, lock, idle check, residency, suites, pins, grid.
 
 Plain Python over plain data: Ray stays in `placement.py`, which runs this in a task and streams the
 events it emits back to the head. The result is the box's part of the run record; a failure of the
@@ -26,6 +26,7 @@ from orchestrator.grid_job import GridJobError, run_tree_grid
 from orchestrator.lock import LockTimeout, box_lock
 from orchestrator.provenance import md5_of, unpack
 from orchestrator.suites import NO_GPU, not_run, run_suite
+from orchestrator.tree_residency import measure as measure_residency
 
 Emit = Callable[[dict], None]
 HOOK_CORRUPT = "corrupt_tarball"  # test hook: flip one byte after the transfer, as a bad link would
@@ -117,6 +118,7 @@ def _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu) -> None:
         parts["idle"] = idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy)
         if parts["idle"]["checked"] and not parts["idle"]["idle"]:
             raise JobError(f"box {spec.box.name} is not idle: {parts['idle']['detail']}")
+        parts["residency"] = _residency(spec, tree, emit, cancelled, parts)
         t = time.monotonic()
         parts["suites"] = _suites(tree, manifest, emit, cancelled, parts, has_gpu)
         for s in parts["suites"]:
@@ -128,6 +130,19 @@ def _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu) -> None:
             t = time.monotonic()
             parts["grid"] = run_tree_grid(tree, spec.grid, emit)
             parts["timings"]["grid_s"] = round(time.monotonic() - t, 3)
+
+
+def _residency(spec, tree, emit, cancelled, parts) -> list[dict] | None:
+    """Both arms' `engine info` residency; under the lock, since `engine info` loads onto the GPU."""
+    emit({"event": "step", "step": "residency", "status": "start"})
+    t = time.monotonic()
+    readings, skipped = measure_residency(tree, parts["box"]["backend"], spec.grid, cancelled)
+    parts["not_run"].extend(skipped)
+    parts["timings"]["residency_s"] = round(time.monotonic() - t, 3)
+    arms = ", ".join(r["arm"] for r in readings or [])
+    emit({"event": "step", "step": "residency", "status": "done" if not skipped else "incomplete",
+          "detail": f"{parts['box']['backend']}: {arms or 'no arm read'}"})
+    return readings
 
 
 def _suites(tree, manifest, emit, cancelled, parts, has_gpu) -> list[dict]:

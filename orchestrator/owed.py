@@ -13,9 +13,9 @@ when one is open (`db.finish` syncs inside its own), else run in one of their ow
 from __future__ import annotations
 
 import sqlite3
-from contextlib import contextmanager
 from datetime import datetime, timezone
 
+from orchestrator.db import transaction
 from orchestrator.report.claims import cell_claims, grid_cells
 
 WHATS = ("magnitude", "direction")
@@ -49,20 +49,6 @@ class OwedError(ValueError):
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@contextmanager
-def _tx(conn: sqlite3.Connection):
-    if conn.in_transaction:  # inside the caller's transaction (db.finish): its commit is ours
-        yield conn
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
@@ -112,7 +98,7 @@ def sync_from_record(conn: sqlite3.Connection, record: dict) -> dict[str, list[i
     if not head or not run_id:
         raise OwedError(f"run record {run_id or '?'}: head.sha and run_id are required to sync the owed ledger")
     out: dict[str, list[int]] = {"opened": [], "refreshed": [], "settled": []}
-    with _tx(conn):
+    with transaction(conn):
         ensure_schema(conn)
         for cell in grid_cells(record):
             established, owed = cell_claims(cell)
@@ -139,7 +125,7 @@ def close(conn: sqlite3.Connection, item_id: int, reason: str) -> dict:
     """A person closes an open item; the reason is required and kept."""
     if not reason or not reason.strip():
         raise OwedError(f"owed item {item_id}: closing needs a reason (--reason TEXT)")
-    with _tx(conn):
+    with transaction(conn):
         ensure_schema(conn)
         r = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM owed WHERE id=?", (item_id,)).fetchone()
         if r is None:

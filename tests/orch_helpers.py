@@ -111,15 +111,17 @@ def commit_all(repo: Path, message: str = "snapshot") -> str:
     return git(repo, "rev-parse", "HEAD").strip()
 
 
-def make_stub_repo(root: Path, suites: list[dict], tests: dict[str, str], marker: str = DISABLED) -> Path:
-    """A committed git repo at `root` with the stub engine, the census plugin, `tests` and `suites`."""
+def make_stub_repo(root: Path, suites: list[dict], tests: dict[str, str], marker: str = DISABLED,
+                   mutations: str = "off") -> Path:
+    """A committed git repo at `root` with the stub engine, the census plugin, `tests` and `suites`
+    (`tests` may hold any extra file of the tree, or replace a stub one)."""
     files = {
         "engine/__init__.py": "",
         "engine/cli.py": ENGINE_CLI,
         "engine/marker.txt": marker + "\n",
         "gates/__init__.py": "",
         "gates/census.py": (REPO_ROOT / "gates" / "census.py").read_text(),
-        "gates/gates.yaml": yaml.safe_dump({"suites": suites, "mutations": "off"}, sort_keys=False),
+        "gates/gates.yaml": yaml.safe_dump({"suites": suites, "mutations": mutations}, sort_keys=False),
         **tests,
     }
     for rel, text in files.items():

@@ -11,11 +11,7 @@ from grids.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (ROOT / "engine" / "commands" / "bench.py").is_file(),
-                       reason="engine bench (engine/commands/bench.py) is not in this tree"),
-]
+pytestmark = pytest.mark.slow
 
 
 def test_smoke_grid_on_the_cpu(tmp_path, monkeypatch):

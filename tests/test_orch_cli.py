@@ -54,6 +54,8 @@ def test_gate_head_of_this_repo_end_to_end(tmp_path):
     assert Path(clone, line["report_path"]).is_file()
     shown = _orch(["show", line["run_id"][:18]], clone, tmp_path)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "PASSED"
+    readings = json.loads(shown.stdout)["residency"]  # the head's own `engine info`, both arms
+    assert [(r["backend"], r["arm"]) for r in readings] == [(line["backend"], "packed"), (line["backend"], "dequant")]
     listed = _orch(["runs", "--json"], clone, tmp_path)
     assert json.loads(listed.stdout.splitlines()[0])["run_id"] == line["run_id"]
 

@@ -18,7 +18,8 @@ from gates.manifest import parse_manifest  # noqa: E402
 from orchestrator import db, idle  # noqa: E402
 from orchestrator.build import markers_in, missing_markers  # noqa: E402
 from orchestrator.config import CUDA_MARKER, ConfigError, load_config, parse_config  # noqa: E402
-from orchestrator.gate import decide, exit_code  # noqa: E402
+from orchestrator.config import BoxConfig, Config  # noqa: E402
+from orchestrator.gate import decide, exit_code, finish_run, merge_result, new_record  # noqa: E402
 from orchestrator.lock import LockTimeout, box_lock  # noqa: E402
 from orchestrator.procs import run_group  # noqa: E402
 from orchestrator.provenance import ProvenanceError, archive, md5_of, read_member, resolve, unpack  # noqa: E402
@@ -245,6 +246,33 @@ def test_decide_and_exit_codes():
     rec = {"suites": [{"name": "s", "state": "NOT_RUN"}]}
     assert decide(rec) == "ERROR" and "no gate suite ran" in rec["error"]
     assert [exit_code(s) for s in ("PASSED", "FAILED", "ERROR", "LOST")] == [0, 1, 2, 2]
+
+
+def test_merge_result_folds_the_box_part_into_the_record(stub):
+    rec = new_record(archive(stub, "HEAD"), "A", "r1")
+    rec["not_run"].append({"what": "head side", "why": "x"})
+    rec["timings"]["archive_s"] = 0.1
+    parts = {"box": {"name": "A", "node_id": "n0", "backend": "cpu"}, "provenance": {"md5_box": "m"},
+             "not_run": [{"what": "CUDA gates", "why": "no GPU"}], "suites": [{"name": "s", "state": "GREEN"}],
+             "residency": [{"arm": "packed", "weights": []}], "timings": {"fetch_s": 0.25, "build_s": 2.0}}
+    merge_result(rec, parts, put_s=0.5)
+    assert rec["box"]["node_id"] == "n0" and rec["box"]["backend"] == "cpu" and rec["provenance"]["md5_box"] == "m"
+    assert [n["what"] for n in rec["not_run"]] == ["head side", "CUDA gates"]
+    assert rec["suites"][0]["state"] == "GREEN" and rec["residency"][0]["arm"] == "packed"
+    assert rec["timings"] == {"archive_s": 0.1, "build_s": 2.0, "transfer_s": 0.75}
+
+
+def test_finish_run_decides_stores_and_keeps_lost(stub, tmp_path):
+    config = Config(boxes=(BoxConfig("A"),), db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports")
+    conn = db.connect(config.db_path)
+    for run_id, state, suites, want in (("r1", "QUEUED", [{"name": "s", "state": "RED"}], "FAILED"),
+                                        ("r2", "LOST", [], "LOST")):
+        rec = new_record(archive(stub, "HEAD"), "A", run_id)
+        db.insert_queued(conn, rec, run_id)
+        rec.update(state=state, suites=suites)
+        out = finish_run(config, conn, rec, time.monotonic())
+        assert out is rec and rec["state"] == want and db.state_of(conn, run_id) == want
+        assert rec["finished_at"] and rec["timings"]["total_s"] >= 0
 
 
 # ---- suites ---------------------------------------------------------------------------------------
