@@ -14,5 +14,7 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-"${pip[@]}" -e '.[test]'
+# compat: a .pth path entry, not an import hook, so a head's tree on PYTHONPATH never silently
+# borrows a module it lacks from this checkout (the hook answers for any missing submodule).
+"${pip[@]}" -e '.[test]' --config-settings editable_mode=compat
 echo "regate installed in $(pwd)/.venv"

@@ -29,7 +29,10 @@ def cache(tmp_path, monkeypatch):
 
 
 def _stub(tmp_path: Path, with_info: bool = True) -> Path:
-    files = {"tests/test_ok.py": PASSING_TEST, **(residency_files() if with_info else {})}
+    extra = residency_files()
+    if not with_info:  # the stub's own engine/cli.py (build and bench only); its checkpoint cache stays
+        del extra["engine/cli.py"]
+    files = {"tests/test_ok.py": PASSING_TEST, **extra}
     return make_stub_repo(tmp_path / "repo", [suite("fast", "tests/test_ok.py", 2, 3)], files)
 
 
