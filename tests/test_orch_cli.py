@@ -17,7 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from orch_helpers import PASSING_TEST, REPO_ROOT, make_stub_repo, snapshot_clone, suite  # noqa: E402
 
-ORCH = [sys.executable, "-m", "orchestrator.cli"]
+# The console script, as a user runs it: `python -m` would put the cwd (a stub head with its own
+# `gates/` package) first on sys.path and shadow regate's own modules.
+ORCH = [str(Path(sys.executable).with_name("orchestrator"))]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
