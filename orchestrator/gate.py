@@ -112,12 +112,8 @@ def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
                        lambda: db.beat(conn, record["run_id"]), on_event)
         merge_result(record, parts, put_s)
-    except PlacementError as e:
-        record["error"] = str(e)
-    except JobLost as e:
-        record["state"], record["error"] = "LOST", str(e)
-    except ray.exceptions.TaskCancelledError:
-        record["error"] = "the job was cancelled"
+    except PLACEMENT_FAILURES as e:
+        note_placement_failure(record, e)
     except Exception as e:  # a head-side bug must still end the row, not leave it RUNNING
         record["error"] = f"head error while running the job: {type(e).__name__}: {e}"
     except KeyboardInterrupt:  # Ctrl-C: cancel the box's job (its process groups die), store ERROR
@@ -127,6 +123,19 @@ def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
     finally:
         if started_ray:
             ray.shutdown()
+
+
+PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError)
+
+
+def note_placement_failure(record: dict, e: BaseException) -> None:
+    """What a failure to place or finish the box's job means for the record (shared with the service)."""
+    if isinstance(e, JobLost):
+        record["state"], record["error"] = "LOST", str(e)
+    elif isinstance(e, ray.exceptions.TaskCancelledError):
+        record["error"] = "the job was cancelled"
+    else:
+        record["error"] = str(e)
 
 
 def merge_result(record: dict, parts: dict, put_s: float) -> None:

@@ -20,7 +20,7 @@ import ray.exceptions
 from orchestrator import db, gate, service_queue
 from orchestrator.config import Config
 from orchestrator.job import JobSpec
-from orchestrator.placement import JobLost, PlacementError, check_box, start_ray, stream, submit
+from orchestrator.placement import check_box, start_ray, stream, submit
 from orchestrator.provenance import ProvenanceError, archive
 from orchestrator.service_queue import QueuedJob
 
@@ -110,12 +110,8 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool
     except Interrupted:
         _cancel(gen)
         return started[0]
-    except PlacementError as e:
-        record["error"] = str(e)
-    except JobLost as e:
-        record["state"], record["error"] = "LOST", str(e)
-    except ray.exceptions.TaskCancelledError:
-        record["error"] = "the job was cancelled"
+    except gate.PLACEMENT_FAILURES as e:
+        gate.note_placement_failure(record, e)
     return None
 
 
