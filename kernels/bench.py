@@ -21,8 +21,9 @@ import torch
 
 from kernels.nvfp4_gemm import nvfp4_gemm
 from kernels import tuning
+from kernels import tile_gemm
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: rows gain kernel, triton_ms; config is the serving kernel's
 # Qwen3.5-27B (engine/presets.py): hidden 5120, intermediate 17408, 24 q heads x 256 (q_proj also
 # emits the output gate), 4 kv heads, vocab 248320. (N, K) per projection.
 SHAPES = {
@@ -83,6 +84,22 @@ def time_packed(n: int, k: int, m: int, config=None, rep_ms: int = 100) -> float
     return median_ms(run, rep_ms)
 
 
+_TILE_OPS: dict = {}
+
+
+def time_tile(n: int, k: int, m: int, config=None, rep_ms: int = 100) -> float:
+    """The CUDA tile GEMM on repacked copies (the same bytes as the checkpoint layout)."""
+    from kernels.tile_gemm import tile_gemm
+    from kernels.tile_layout import repack
+
+    if (n, k) not in _TILE_OPS:  # repacking the head takes a second: once per shape per process
+        _TILE_OPS[(n, k)] = [repack(*random_packed(n, k, i)) for i in range(copies_for(n * k // 2 + n * k // 16))]
+    ops = itertools.cycle(_TILE_OPS[(n, k)])
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return median_ms(lambda: tile_gemm(x, next(ops), 1e-3, config=config, sms=sms), rep_ms)
+
+
 def time_cublas(n: int, k: int, m: int) -> float:
     ws = rotating(lambda i: torch.randn(n, k, dtype=torch.bfloat16, device="cuda"), n * k * 2)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -112,12 +129,20 @@ def time_tinygemm(n: int, k: int, m: int, group: int = 32) -> float | None:
 def bench_row(name: str, n: int, k: int, m: int, read_gbps: float) -> dict:
     packed_bytes = n * k // 2 + n * k // 16 + 4
     floor_ms = packed_bytes / (read_gbps * 1e9) * 1e3
-    ours, cublas, tiny = time_packed(n, k, m), time_cublas(n, k, m), time_tinygemm(n, k, m)
-    return {"shape": name, "n": n, "k": k, "m": m, "packed_bytes": packed_bytes,
-            "ours_ms": ours, "floor_ms": floor_ms, "of_floor": floor_ms / ours,
+    from kernels.nvfp4_gemm import tile_available
+    from kernels.tile_layout import supported
+
+    tile_ok = tile_available()[0] and supported(n, k) is None
+    tile = tile_ok and m <= tile_gemm.MAX_M  # what nvfp4_gemm.matmul serves this call with
+    triton_ms = time_packed(n, k, m)
+    tile_ms = time_tile(n, k, m) if tile_ok else None
+    ours = tile_ms if tile else triton_ms
+    cublas, tiny = time_cublas(n, k, m), time_tinygemm(n, k, m)
+    return {"shape": name, "n": n, "k": k, "m": m, "packed_bytes": packed_bytes, "kernel": "tile" if tile else "triton",
+            "ours_ms": ours, "triton_ms": triton_ms, "tile_ms": tile_ms, "floor_ms": floor_ms, "of_floor": floor_ms / ours,
             "cublas_bf16_ms": cublas, "x_cublas": cublas / ours,
             "tinygemm_g32_ms": tiny, "x_tinygemm": None if tiny is None else tiny / ours,
-            "config": tuning.config_for(m).__dict__}
+            "config": (tile_gemm.config_for(m) if tile else tuning.config_for(m)).__dict__}
 
 
 def fmt(v, spec: str) -> str:
@@ -125,15 +150,15 @@ def fmt(v, spec: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'shape':<13}{'N':>7}{'K':>6}{'M':>5}{'ours ms':>9}{'floor':>8}{'%floor':>7}" \
-           f"{'cuBLAS':>8}{'x cuBL':>7}{'tiny32':>8}{'x tiny':>7}  algo"
+    head = f"{'shape':<13}{'N':>7}{'K':>6}{'M':>5}{'ours ms':>9}{'tile':>8}{'triton':>8}{'floor':>8}{'%floor':>7}" \
+           f"{'cuBLAS':>8}{'x cuBL':>7}{'tiny32':>8}{'x tiny':>7}  kernel config"
     print(head)
     for r in rows:
-        c = r["config"]
-        print(f"{r['shape']:<13}{r['n']:>7}{r['k']:>6}{r['m']:>5}{r['ours_ms']:>9.4f}{r['floor_ms']:>8.4f}"
-              f"{100 * r['of_floor']:>6.1f}%{r['cublas_bf16_ms']:>8.4f}{r['x_cublas']:>7.2f}"
-              f"{fmt(r['tinygemm_g32_ms'], '8.4f'):>8}{fmt(r['x_tinygemm'], '7.2f'):>7}"
-              f"  {c['algo']} m{c['block_m']} n{c['block_n']} k{c['block_k']} w{c['num_warps']} s{c['num_stages']}")
+        c = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        print(f"{r['shape']:<13}{r['n']:>7}{r['k']:>6}{r['m']:>5}{r['ours_ms']:>9.4f}{fmt(r['tile_ms'], '8.4f'):>8}"
+              f"{r['triton_ms']:>8.4f}"
+              f"{r['floor_ms']:>8.4f}{100 * r['of_floor']:>6.1f}%{r['cublas_bf16_ms']:>8.4f}{r['x_cublas']:>7.2f}"
+              f"{fmt(r['tinygemm_g32_ms'], '8.4f'):>8}{fmt(r['x_tinygemm'], '7.2f'):>7}  {r['kernel']} {c}")
 
 
 def environment() -> dict:
@@ -150,7 +175,9 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/sweep.py)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tile_sweep.py)")
     ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
+    ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
     ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of TABLE")
     a = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
@@ -158,6 +185,14 @@ def main(argv=None) -> None:
     if a.sweep:
         from kernels.sweep import sweep
         return sweep(shapes, ms, a.sweep_out)
+    if a.tile_sweep:
+        from kernels.tile_sweep import sweep as tile_sweep
+        return tile_sweep(shapes, ms, a.sweep_out)
+    if a.tile_table_from:
+        from kernels import tile_gemm
+        with open(a.tile_table_from) as f:
+            tile_gemm.TABLE = tile_gemm.table_from_sweep(json.loads(f.readline())["results"])
+        print("tile TABLE =", tile_gemm.TABLE, file=sys.stderr)
     if a.table_from:
         from kernels.sweep import table_from_sweep
         with open(a.table_from) as f:

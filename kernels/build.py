@@ -27,17 +27,24 @@ def disabled_line(reason: str) -> str:
 
 
 def warm_and_check() -> str | None:
-    """Run every table row once against the reference; None when all pass, else why not."""
-    from kernels import tuning
-    from kernels.nvfp4_gemm import check
+    """Build the CUDA tile GEMM and run every table row of both kernels once against the
+    reference; None when all pass, else why not. An sm_90 box must build both."""
+    from kernels import tile_gemm, tuning
+    from kernels.nvfp4_gemm import check, tile_available
 
-    ms = sorted({min(max_m, 256) for max_m, _ in tuning.TABLE})
-    try:
-        errs = check(ms=tuple(ms), n=WARM_N, k=WARM_K)
-    except Exception as e:  # a compile or launch failure is a degraded build, reported in the marker
-        return f"kernel failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    bad = {m: e for m, e in errs.items() if not e <= MAX_REL_ERR}
-    return f"kernel wrong: relative error {bad} above {MAX_REL_ERR}" if bad else None
+    ok, why = tile_available()
+    if not ok:
+        return why
+    for kernel, table in (("tile", tile_gemm.TABLE), ("triton", tuning.TABLE)):
+        ms = sorted({min(max_m, 256) for max_m, _ in table} | {1})
+        try:
+            errs = check(ms=tuple(ms), n=WARM_N, k=WARM_K, kernel=kernel)
+        except Exception as e:  # a compile or launch failure is a degraded build, reported in the marker
+            return f"{kernel} kernel failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        bad = {m: e for m, e in errs.items() if not e <= MAX_REL_ERR}
+        if bad:
+            return f"{kernel} kernel wrong: relative error {bad} above {MAX_REL_ERR}"
+    return None
 
 
 def build() -> tuple[str, int]:

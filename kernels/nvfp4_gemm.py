@@ -1,12 +1,15 @@
 """Packed NVFP4 W4A16 GEMM: y[M, N] = x[M, K] @ dequant(W)^T, BF16 out, FP32 accumulate.
 
-W stays in the checkpoint's layout (`Nvfp4Weight.packed` u8 [N, K/2], low nibble first;
-`block_scale` E4M3 [N, K/16]; `global_scale` FP32, ModelOpt convention: multiply) and is
-dequantized in registers by the Triton kernels in `kernels/nvfp4_triton.py` (its docstring has the
-bit-level layout). No repacking: `kernel_operand` stays None and adds no bytes.
+Two kernels, one contract:
+- the CUDA tile GEMM (`kernels/tile_gemm.py`, csrc/): `prepare` repacks W once into the tile layout
+  (`kernels/tile_layout.py`; exactly the checkpoint's bytes) and `matmul` runs it. The fast path.
+- the Triton kernels (`kernels/nvfp4_triton.py`) on the checkpoint layout (`Nvfp4Weight.packed` u8
+  [N, K/2], low nibble first; `block_scale` E4M3 [N, K/16]; `global_scale` FP32, ModelOpt
+  convention: multiply): weights the tile layout cannot hold (K not a multiple of 256), the N % 16
+  tail rows, and every weight when the extension cannot be built (REGATE_TILE_GEMM=0 forces this).
 
-The algorithm per M (GEMV or tensor-core "swap AB", split-K or not) comes from the fixed table in
-`kernels/tuning.py`; nothing is autotuned at call time. Every call allocates through torch's
+Each kernel's algorithm per M comes from a fixed table (`kernels/tuning.py`, `tile_gemm.TABLE`);
+nothing is autotuned at call time. Every call allocates through torch's
 caching allocator, passes the global scale by value and never syncs the host, so it records into
 a CUDA graph.
 
@@ -18,6 +21,7 @@ says why not.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -45,18 +49,58 @@ def available() -> tuple[bool, str]:
     return True, "sm_90"
 
 
+@functools.lru_cache(maxsize=1)
+def tile_available() -> tuple[bool, str]:
+    """(True, "sm_90") when the CUDA tile GEMM is built and usable here, else (False, why not)."""
+    ok, why = available()
+    if not ok:
+        return ok, why
+    if os.environ.get("REGATE_TILE_GEMM", "1") == "0":
+        return False, "REGATE_TILE_GEMM=0"
+    from kernels import tile_gemm
+
+    try:
+        tile_gemm.extension()
+    except Exception as e:  # nvcc/ninja missing or a compile error: the Triton path still serves
+        return False, f"tile GEMM extension did not build: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return True, "sm_90"
+
+
 def prepare(w: Nvfp4Weight) -> None:
-    """Once at load: check the operand and compile/warm the kernels for this weight's shape."""
+    """Once at load: check the operand, repack it for the tile GEMM where it can, warm the kernels."""
     _check_weight(w.packed, w.block_scale, w.name)
-    w.kernel_operand, w.kernel_operand_bytes = None, 0  # the packed layout is the kernel's layout
+    from kernels import tile_layout
+
+    op = None
+    if tile_available()[0] and tile_layout.supported(w.out_features, w.in_features) is None:
+        op = tile_layout.repack(w.packed, w.block_scale, w.name)
+    w.kernel_operand, w.kernel_operand_bytes = op, (op.nbytes if op is not None else 0)
     _warm(w.out_features, w.in_features, w.packed.device)
+    if op is not None:
+        _warm_tile(op)
 
 
 def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N])."""
     lead = x.shape[:-1]
-    y = nvfp4_gemm(x.reshape(-1, x.shape[-1]), w.packed, w.block_scale, w.global_scale, name=w.name)
+    x2 = x.reshape(-1, x.shape[-1])
+    from kernels import tile_gemm
+
+    if w.kernel_operand is not None and x2.shape[0] <= tile_gemm.MAX_M:
+        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=_sm_count(x.device))
+    else:
+        y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
+
+
+def _warm_tile(op) -> None:
+    """One call per table row, so nothing loads lazily during a CUDA-graph capture."""
+    from kernels import tile_gemm
+
+    for max_m, _ in tile_gemm.TABLE:
+        m = min(max_m, tile_gemm.MAX_M)
+        tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
+                            sms=_sm_count(op.words.device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,14 +241,26 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def check(ms=(1, 2, 3, 16, 17, 64, 256), n: int = 1000, k: int = 512, device="cuda", seed: int = 0) -> dict:
-    """Kernel vs reference at each M on fresh inputs; the output is poisoned (NaN) before each run."""
-    packed, scale, gs = random_weight(n, k, device, seed)
+def check(ms=(1, 2, 3, 16, 17, 64, 256), n: int = 1000, k: int = 512, device="cuda", seed: int = 0,
+          kernel: str = "triton", weight=None) -> dict:
+    """A kernel ("triton" or "tile") vs the reference at each M on fresh inputs; the output is
+    poisoned (NaN) before each run so unwritten elements are caught. `weight`: (packed, scale, gs)."""
+    packed, scale, gs = weight or random_weight(n, k, device, seed)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    if kernel == "tile":
+        from kernels.tile_gemm import tile_gemm
+        from kernels.tile_layout import repack
+
+        op = repack(packed, scale, "check")
+        run = lambda x, out: tile_gemm(x, op, gs, out=out, sms=_sm_count(x.device))  # noqa: E731
+    elif kernel == "triton":
+        run = lambda x, out: nvfp4_gemm(x, packed, scale, gs, out=out)  # noqa: E731
+    else:
+        raise ValueError(f"check: kernel must be 'triton' or 'tile', found {kernel!r}")
     errs = {}
     for m in ms:
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + m)).to(device, torch.bfloat16)
-        y = nvfp4_gemm(x, packed, scale, gs, out=torch.full((m, n), float("nan"), dtype=torch.bfloat16,
-                                                           device=device))
+        y = run(x, torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device))
         if not torch.isfinite(y).all():
             raise AssertionError(f"check: non-finite output at M={m}")
         errs[m] = relative_error(y, reference_gemm(x, packed, scale, gs))

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from engine.nvfp4 import Nvfp4Weight, quantize
-from kernels import tuning
-from kernels.nvfp4_gemm import available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error
+from kernels import tile_layout, tuning
+from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
+                                tile_available)
+from kernels.tile_gemm import BUILT, TileConfig, tile_gemm
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not available()[0], reason=f"kernel: {available()[1]}")]
 MS = (1, 2, 3, 16, 17, 64, 256)
@@ -20,9 +22,45 @@ def _seed() -> int:
 
 
 @pytest.mark.parametrize("n,k", [(1000, 512), (77, 5120), (4099, 5120), (5120, 16 * 37), (300, 17408)])
-def test_kernel_matches_reference_on_fresh_inputs(n, k):
-    errs = check(ms=MS, n=n, k=k, seed=_seed())  # poisons the output with NaN, rejects non-finite
+@pytest.mark.parametrize("kernel", ["triton", "tile"])
+def test_kernel_matches_reference_on_fresh_inputs(n, k, kernel):
+    if kernel == "tile" and (tile_layout.supported(n, k) or not tile_available()[0]):
+        pytest.skip(f"tile GEMM: {tile_layout.supported(n, k) or tile_available()[1]}")
+    errs = check(ms=MS, n=n, k=k, seed=_seed(), kernel=kernel)  # poisons the output with NaN, rejects non-finite
     assert all(e <= MAX_REL_ERR for e in errs.values()), errs
+
+
+def _any_scale_bytes(n, k, seed):
+    """Random nibbles and scale bytes of every kind: negative, zero, subnormal, large (no NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    sb = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    sb[(sb & 0x7F) >= 0x60] &= 0xBF  # keep |scale| moderate so the random-nibble output stays finite
+    sb[(sb & 0x7F) == 0x7F] = 0x38
+    sb[:, 0], sb[:, 1], sb[:, 2] = 0x00, 0x80, 0x03  # +0, -0, a subnormal
+    return packed.cuda(), sb.view(torch.float8_e4m3fn).cuda(), 0.011
+
+
+@pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")
+def test_tile_kernel_exact_for_every_kind_of_scale():
+    errs = check(ms=(1, 5, 16, 64), kernel="tile", weight=_any_scale_bytes(1040, 1024, _seed()))
+    assert all(e <= MAX_REL_ERR for e in errs.values()), errs
+
+
+@pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")
+@pytest.mark.parametrize("cfg", [TileConfig(mt, r, w, xs, b) for mt in (1, 2, 4, 8) for xs in (False, True)
+                                 for r, w, b in BUILT], ids=repr)
+def test_every_built_tile_config_at_every_m(cfg):
+    from kernels.nvfp4_gemm import random_weight
+
+    packed, scale, gs = random_weight(4096 + 48, 1024, "cuda", _seed())
+    op = tile_layout.repack(packed, scale)
+    for m in MS:
+        x = torch.randn(m, 1024, device="cuda").bfloat16()
+        y = tile_gemm(x, op, gs, config=cfg, out=torch.full((m, 4144), float("nan"), device="cuda",
+                                                            dtype=torch.bfloat16))
+        assert torch.isfinite(y).all()
+        assert relative_error(y, reference_gemm(x, packed, scale, gs)) <= MAX_REL_ERR, (cfg, m)
 
 
 @pytest.mark.parametrize("cfg", sorted({c for _, c in tuning.TABLE}, key=repr))

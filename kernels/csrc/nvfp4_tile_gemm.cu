@@ -1,0 +1,310 @@
+// Packed NVFP4 W4A16 GEMM on sm_90 tensor cores: y[M, N] = x[M, K] @ dequant(W)^T, BF16 out.
+//
+// The weight is read in the "tile layout" that kernels/tile_layout.py builds once at load (its
+// docstring is the byte-level contract; its `emulate_dequant` is this file's decode, bit for bit,
+// in torch). In short, per 16-row tile and 64-wide K chunk, lane (g = lane/4, t = lane%4) reads ONE
+// uint4: the 32 nibbles of rows g and g+8 at K 16t..16t+15 of the chunk, bit-arranged so that each
+// 32-bit word decodes in 8 integer instructions into the four bf16x2 A registers of one
+// mma.m16n8k16 ("swap AB": W is the A operand, x^T the B operand, M is the MMA's N side).
+// Because a lane's 16 K positions are one E4M3 block, a lane needs 2 scales per chunk; and because
+// its K positions of x are contiguous, its B fragments are two 16-byte loads of x per chunk.
+//
+// Exactness: an E2M1 nibble placed into a bf16 (sign -> bit 15, e1 e0 m -> bits 8..6) is the value
+// times 2^-126 (BF16 subnormals included); the scale code decodes to the E4M3 value times 2^107;
+// their bf16 product is exact (<= 6 significant bits) and equals value * scale * 2^-19, so the
+// epilogue multiplies the FP32 accumulator by global_scale * 2^19.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+#include "nvfp4_tile_gemm.h"
+
+namespace {
+
+constexpr uint32_t kBf16Mask = 0x81C081C0u;  // sign + e1 e0 m of both bf16 halves
+constexpr uint32_t kLeftBits = 0x001B001Bu;  // the 8 bits the 4th output comes from
+constexpr uint32_t kLeftMul = 0x1084u;       // 2^2 + 2^7 + 2^12: three collision-free shifts
+constexpr uint32_t kScaleBias = 0x70007000u; // bf16 exponent field 224 + code's 5-bit exponent
+constexpr int K_GROUP_BYTES = 256 * 2;      // one K group of x rows in bf16
+
+__device__ __forceinline__ uint32_t rotr(uint32_t x, int s) { return __funnelshift_r(x, x, s); }
+
+// One 32-bit word -> the A fragment {a0, a1, a2, a3} of one m16n8k16 (unscaled, times 2^-126).
+__device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&a)[4]) {
+  a[0] = q & kBf16Mask;
+  a[1] = rotr(q, 3) & kBf16Mask;
+  a[2] = rotr(q, 6) & kBf16Mask;
+  a[3] = ((q & kLeftBits) * kLeftMul) & kBf16Mask;
+}
+
+// Scale code byte `byte` (0..3) of `codes` -> bf16x2 {s, s} with s = E4M3 scale * 2^107.
+__device__ __forceinline__ uint32_t scale_pair(uint32_t codes, int byte) {
+  uint32_t v = __byte_perm(codes, 0u, 0x4040u | (byte << 8) | byte);  // the byte into bytes 0 and 2
+  return v * 16u + kScaleBias;
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {  // read-once weights: do not keep in L1
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <int R>
+struct Group {  // one warp's weights for 4 chunks (256 K) of R row tiles
+  uint4 w[R][4];
+  uint2 s[R];
+};
+
+template <int R>
+__device__ __forceinline__ void load_group(Group<R>& gr, const uint4* w, const uint2* sc, int rt0, int row_tiles,
+                                           int chunks, int groups, int cg, int lane) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    int rt = min(rt0 + r, row_tiles - 1);  // a clamped re-read: the result is never stored
+    const uint4* wp = w + ((size_t)rt * chunks + 4 * cg) * 32 + lane;
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) gr.w[r][cc] = ldg_stream(wp + cc * 32);
+    gr.s[r] = sc[((size_t)rt * groups + cg) * 32 + lane];
+  }
+}
+
+// Lane (g, t)'s x rows 8*nt + g of this M block, at K offset 16t (nullptr past the last row).
+template <int MT>
+struct XRows {
+  const __nv_bfloat16* row[MT];
+};
+
+// B fragments of the 4 MMAs of chunk c: x[row][64c + 16t, +16) as two 16-byte loads per row.
+template <int MT>
+__device__ __forceinline__ void load_x(uint4 (&b)[MT][2], const XRows<MT>& xr, int c) {
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) {
+    if (xr.row[nt] != nullptr) {
+      const uint4* p = reinterpret_cast<const uint4*>(xr.row[nt] + 64 * c);
+      b[nt][0] = __ldg(p);
+      b[nt][1] = __ldg(p + 1);
+    } else {
+      b[nt][0] = b[nt][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// x staged in shared memory (XS): one 256-wide K group of the M block's rows, loaded once per CTA
+// with cp.async and read by every warp, so x costs L2 traffic per CTA instead of per warp. Rows are
+// padded by 16 bytes so the 8 rows a quarter-warp reads fall in different banks.
+constexpr int kXRowBytes = K_GROUP_BYTES + 16;
+
+template <int MT>
+__device__ __forceinline__ void stage_x(uint8_t* buf, const __nv_bfloat16* x, long ldx, int m_rows, int cg,
+                                        int threads) {
+  for (int j = threadIdx.x; j < MT * 8 * 32; j += threads) {  // 32 x 16 bytes per row
+    const int row = j >> 5, col = j & 31;
+    const bool real = row < m_rows;
+    const __nv_bfloat16* src = x + (real ? row : 0) * ldx + 256 * cg + 8 * col;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(buf + row * kXRowBytes + 16 * col));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(real ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <int MT>
+__device__ __forceinline__ void lds_x(uint4 (&b)[MT][2], const uint8_t* buf, int cc, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) {
+    const uint4* p = reinterpret_cast<const uint4*>(buf + (8 * nt + g) * kXRowBytes + 128 * cc + 32 * t);
+    b[nt][0] = p[0];
+    b[nt][1] = p[1];
+  }
+}
+
+template <int MT, int R, bool XS>
+__device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Group<R>& gr, const XRows<MT>& xr,
+                                              const uint8_t* xbuf, int cg, int g, int t) {
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc) {
+    uint4 b[MT][2];
+    if constexpr (XS) lds_x<MT>(b, xbuf, cc, g, t);
+    else load_x<MT>(b, xr, 4 * cg + cc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t codes = cc < 2 ? gr.s[r].x : gr.s[r].y;
+      uint32_t s_lo = scale_pair(codes, 2 * (cc & 1));      // row g
+      uint32_t s_hi = scale_pair(codes, 2 * (cc & 1) + 1);  // row g + 8
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t a[4];
+        decode_word(word(gr.w[r][cc], i), a);
+        a[0] = mul_bf16x2(a[0], s_lo);
+        a[1] = mul_bf16x2(a[1], s_hi);
+        a[2] = mul_bf16x2(a[2], s_lo);
+        a[3] = mul_bf16x2(a[3], s_hi);
+#pragma unroll
+        for (int nt = 0; nt < MT; ++nt) {
+          uint32_t b0 = word(b[nt][i / 2], 2 * (i % 2));
+          uint32_t b1 = word(b[nt][i / 2], 2 * (i % 2) + 1);
+          mma_bf16(acc[r][nt], a, b0, b1);
+        }
+      }
+    }
+  }
+}
+
+// grid: (M blocks of 8*MT rows x CTAs over row tiles, K splits). The M block varies fastest, so
+// the CTAs that share a weight tile run together and the re-reads of large M come from L2.
+// XS: x from shared memory (see stage_x); else each warp reads x through L1.
+// MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
+template <int MT, int R, int WARPS, bool XS, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
+  extern __shared__ __align__(16) uint8_t x_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rt0 = (blockIdx.x / m_blocks * WARPS + warp) * R;
+  const bool active = rt0 < p.row_tiles;
+  if (!XS && !active) return;  // with XS every warp helps stage x and meets every barrier
+  const int m0 = blockIdx.x % m_blocks * 8 * MT;
+  const int m_rows = min(8 * MT, p.m - m0);
+  const __nv_bfloat16* x = p.x + m0 * p.ldx;
+  const int chunks = p.k / 64, groups = p.k / 256;
+  const int cg0 = blockIdx.y * p.groups_per_split, cg1 = min(groups, cg0 + p.groups_per_split);
+  uint8_t* xs[2] = {x_smem, x_smem + MT * 8 * kXRowBytes};
+
+  float acc[R][MT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[r][nt][j] = 0.f;
+
+  XRows<MT> xr;
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) xr.row[nt] = 8 * nt + g < m_rows ? x + (8 * nt + g) * p.ldx + 16 * t : nullptr;
+
+  // Ping-pong: group cg+1's weights (registers) and x (shared) are in flight while group cg computes.
+  Group<R> buf0, buf1;
+  auto fetch = [&](Group<R>& gr, int cg, int slot) {
+    if (active) load_group<R>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);
+    if constexpr (XS) stage_x<MT>(xs[slot], x, p.ldx, m_rows, cg, WARPS * 32);
+  };
+  auto run = [&](const Group<R>& gr, int cg, int slot) {
+    if constexpr (XS) {
+      cp_async_wait<1>();
+      __syncthreads();
+    }
+    if (active) compute_group<MT, R, XS>(acc, gr, xr, xs[slot], cg, g, t);
+    if constexpr (XS) __syncthreads();  // the slot is refilled next
+  };
+  if (cg0 < cg1) fetch(buf0, cg0, 0);
+  if constexpr (XS) cp_async_commit();
+  for (int cg = cg0; cg < cg1; cg += 2) {
+    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1);
+    if constexpr (XS) cp_async_commit();
+    run(buf0, cg, 0);
+    if (cg + 1 >= cg1) break;
+    if (cg + 2 < cg1) fetch(buf0, cg + 2, 0);
+    if constexpr (XS) cp_async_commit();
+    run(buf1, cg + 1, 1);
+  }
+  if (!active) return;
+
+  // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rt = rt0 + r;
+    if (rt >= p.row_tiles) break;
+#pragma unroll
+    for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int m = 8 * nt + 2 * t + (j & 1);
+        const int n = 16 * rt + g + 8 * (j >> 1);
+        if (m >= m_rows) continue;
+        const long off = (long)(m0 + m) * p.ldy + n;
+        if (p.partial) p.partial[(size_t)blockIdx.y * p.m * p.ldy + off] = acc[r][nt][j];
+        else p.y[off] = __float2bfloat16_rn(acc[r][nt][j] * p.out_scale);
+      }
+  }
+}
+
+__global__ void reduce_splits_kernel(const float* partial, __nv_bfloat16* y, int m, int n_main, long ldy, int splits,
+                                     float out_scale) {
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long)m * n_main) return;
+  const long off = (i / n_main) * ldy + i % n_main;
+  float s = 0.f;
+  for (int k = 0; k < splits; ++k) s += partial[(size_t)k * m * ldy + off];
+  y[off] = __float2bfloat16_rn(s * out_scale);
+}
+
+template <int MT, int R, int WARPS, bool XS, int MINB = 1>
+cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
+  const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
+  const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
+  const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
+  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
+  if (smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<dim3(ctas * m_blocks, splits), WARPS * 32, smem, stream>>>(p, m_blocks);
+  return cudaGetLastError();
+}
+
+template <int MT, bool XS>
+cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s) {
+  if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s);
+  if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s);
+  if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s);
+  if (min_ctas != 1) return cudaErrorInvalidValue;
+  if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, XS>(p, splits, s);
+  if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS>(p, splits, s);
+  if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS>(p, splits, s);
+  if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS>(p, splits, s);
+  if (rows_per_warp == 4 && warps == 4) return launch<MT, 4, 4, XS>(p, splits, s);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
+                      int splits, cudaStream_t stream) {
+  cudaError_t err;
+  switch (m_tiles * 2 + (x_shared ? 1 : 0)) {
+    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess || p.partial == nullptr) return err;
+  const long total = (long)p.m * p.row_tiles * 16;
+  reduce_splits_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(p.partial, p.y, p.m, p.row_tiles * 16,
+                                                                             p.ldy, splits, p.out_scale);
+  return cudaGetLastError();
+}

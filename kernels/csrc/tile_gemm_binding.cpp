@@ -1,0 +1,55 @@
+// torch binding of the tile GEMM launcher: shape/dtype/device checks, then one launch on the
+// current CUDA stream (so it records into CUDA graphs like any torch op).
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "nvfp4_tile_gemm.h"
+
+namespace {
+
+void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "tile_gemm: ", what); }
+
+void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
+                   const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
+                   int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
+                   int64_t groups_per_split) {
+  check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
+        "x must be a CUDA bf16 [M, K] tensor with unit stride along K");
+  const int64_t m = x.size(0), k = x.size(1);
+  check(words.scalar_type() == torch::kInt32 && words.dim() == 4 && words.size(1) * 64 == k &&
+            words.size(2) == 32 && words.size(3) == 4 && words.is_contiguous(),
+        "words must be contiguous int32 [N/16, K/64, 32, 4] matching x's K");
+  const int64_t row_tiles = words.size(0);
+  check(codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.numel() == row_tiles * (k / 256) * 256,
+        "codes must be contiguous uint8 [N/16, K/256, 32, 4, 2]");
+  check(y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.size(0) == m && y.size(1) >= row_tiles * 16 &&
+            y.stride(1) == 1,
+        "y must be bf16 [M, >= N_main] with unit stride along N");
+  check(x.data_ptr() != nullptr && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0,
+        "x rows must be 16-byte aligned");
+  const int64_t groups = k / 256;
+  const int64_t splits = (groups + groups_per_split - 1) / groups_per_split;
+  float* part = nullptr;
+  if (splits > 1) {
+    check(partial.has_value() && partial->scalar_type() == torch::kFloat32 && partial->is_contiguous() &&
+              partial->numel() >= splits * m * y.stride(0),
+          "split-K needs an FP32 partial buffer of splits * M * ldy elements");
+    part = partial->data_ptr<float>();
+  }
+  TileGemmArgs p{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
+                 reinterpret_cast<const uint4*>(words.data_ptr()),
+                 reinterpret_cast<const uint2*>(codes.data_ptr()),
+                 reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
+                 part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
+                 (float)out_scale};
+  const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared, (int)splits,
+                                    at::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
+              " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, ")");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
+}

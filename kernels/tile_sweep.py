@@ -1,0 +1,69 @@
+"""Offline tuning of the CUDA tile GEMM: time every built config per (shape, M), each checked against
+the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m kernels.bench
+--tile-sweep [--shapes ...] [--ms ...]`). Prints every timing, the best per (shape, M), one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from kernels.tile_gemm import BUILT, TileConfig
+
+
+def candidates(m: int) -> list[TileConfig]:
+    """Every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in one
+    block and one smaller; minus the combinations that spill (4 row tiles at m_tiles >= 4)."""
+    need = min(8, 1 << max(0, (-(-m // 8) - 1).bit_length()))
+    tiles = sorted({need, max(1, need // 2)})
+    return [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
+            if not (r == 4 and mt >= 4)]
+
+
+def label(c: TileConfig) -> str:
+    return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
+
+
+def correct(cfg: TileConfig, m: int) -> bool:
+    import torch
+
+    from kernels.nvfp4_gemm import random_weight, reference_gemm, relative_error
+    from kernels.tile_gemm import tile_gemm
+    from kernels.tile_layout import repack
+
+    if not hasattr(correct, "op"):
+        correct.w = random_weight(4096 + 8, 1024, "cuda", seed=int(torch.randint(0, 1 << 16, ())))
+        correct.op = repack(correct.w[0], correct.w[1])
+    packed, scale, gs = correct.w
+    x = torch.randn(m, 1024, device="cuda").bfloat16()
+    y = tile_gemm(x, correct.op, gs, config=cfg,
+                  out=torch.full((m, packed.shape[0]), float("nan"), device="cuda", dtype=torch.bfloat16))
+    return bool(torch.isfinite(y).all()) and relative_error(y, reference_gemm(x, packed, scale, gs)) <= 1e-2
+
+
+def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
+    from kernels.bench import time_tile
+
+    results = []
+    for name, (n, k) in shapes.items():
+        for m in ms:
+            best = None
+            for cfg in candidates(m):
+                try:
+                    if not correct(cfg, m):
+                        print(f"  {name} M={m} {label(cfg)}: WRONG vs reference, skipped", file=sys.stderr)
+                        continue
+                    t = time_tile(n, k, m, config=cfg, rep_ms=40)
+                except Exception as e:
+                    print(f"  {name} M={m} {label(cfg)}: FAILED {type(e).__name__}: {str(e)[:160]}", file=sys.stderr)
+                    continue
+                results.append({"shape": name, "n": n, "k": k, "m": m, "config": cfg.__dict__, "ms": t})
+                print(f"  {name:<13} M={m:<4} {label(cfg):<24} {t:.4f} ms", flush=True)
+                if best is None or t < best[1]:
+                    best = (cfg, t)
+            if best:
+                print(f"BEST {name} M={m}: {label(best[0])} {best[1]:.4f} ms", flush=True)
+    line = json.dumps({"schema_version": 1, "sweep": "tile_gemm", "results": results})
+    print(line)
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write(line + "\n")
