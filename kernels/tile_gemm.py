@@ -20,10 +20,8 @@ SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu")
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90,code=sm_90", "-std=c++17")
 
 
-# (rows_per_warp, warps, min_ctas, w_stages) instantiated in csrc/nvfp4_tile_gemm.cu, for every
-# m_tiles; x_shared too where w_stages is 0 (weight stages in shared memory go with x through L1).
-BUILT = ((1, 4, 1, 0), (1, 8, 1, 0), (2, 4, 1, 0), (2, 8, 1, 0), (4, 4, 1, 0), (2, 4, 4, 0), (2, 8, 2, 0),
-         (1, 8, 3, 0), (1, 4, 1, 4), (1, 8, 1, 4), (2, 4, 1, 4), (2, 8, 1, 4))
+# (rows_per_warp, warps, min_ctas) instantiated in csrc/nvfp4_tile_gemm.cu, for every m_tiles and x_shared.
+BUILT = ((1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (4, 4, 1), (2, 4, 4), (2, 8, 2), (1, 8, 3))
 
 
 @dataclass(frozen=True)
@@ -33,16 +31,13 @@ class TileConfig:
     warps: int  # per CTA (4, 8)
     x_shared: bool = False  # stage x in shared memory once per CTA (else every warp reads it via L1)
     min_ctas: int = 1  # CTAs per SM the registers must allow (__launch_bounds__'s second argument)
-    w_stages: int = 0  # weight groups staged in shared memory by cp.async (0: two register buffers)
 
     def __post_init__(self):
         if self.m_tiles not in (1, 2, 4, 8):
             raise ValueError(f"TileConfig.m_tiles: expected 1, 2, 4 or 8, found {self.m_tiles}")
-        key = (self.rows_per_warp, self.warps, self.min_ctas, self.w_stages)
-        if key not in BUILT:
-            raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas, w_stages) {key} is not built; built: {BUILT}")
-        if self.w_stages and self.x_shared:
-            raise ValueError("TileConfig: weight stages in shared memory need x through L1 (x_shared=False)")
+        if (self.rows_per_warp, self.warps, self.min_ctas) not in BUILT:
+            raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas) "
+                             f"{(self.rows_per_warp, self.warps, self.min_ctas)} is not built; built: {BUILT}")
 
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
@@ -113,8 +108,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *, config: 
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     extension().tile_gemm_out(x, op.words, op.codes, y, partial, float(global_scale) * OUT_SHIFT,
-                              cfg.m_tiles, cfg.rows_per_warp, cfg.warps, cfg.min_ctas, cfg.w_stages,
-                              bool(cfg.x_shared), gps)
+                              cfg.m_tiles, cfg.rows_per_warp, cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
     if op.n > op.n_main:
         from kernels.nvfp4_gemm import nvfp4_gemm
 

@@ -15,13 +15,12 @@ def candidates(m: int) -> list[TileConfig]:
     block and one smaller; minus the combinations that spill (4 row tiles at m_tiles >= 4)."""
     need = min(8, 1 << max(0, (-(-m // 8) - 1).bit_length()))
     tiles = sorted({need, max(1, need // 2)})
-    return [TileConfig(mt, r, w, xs, b, st) for mt in tiles for r, w, b, st in BUILT for xs in (False, True)
-            if not (r == 4 and mt >= 4) and not (st and xs) and (b == 1 or mt <= 2)]
+    return [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
+            if not (r == 4 and mt >= 4)]
 
 
 def label(c: TileConfig) -> str:
-    return (f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} s{c.w_stages} "
-            f"{'xs' if c.x_shared else 'xl1'}")
+    return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 
 def correct(cfg: TileConfig, m: int) -> bool:

@@ -83,36 +83,6 @@ __device__ __forceinline__ void load_group(Group<R>& gr, const uint4* w, const u
   }
 }
 
-// Weight stages in shared memory (WS > 0): each lane copies exactly the bytes it reads back, so a
-// stage needs only that lane's cp.async.wait_group, no barrier; registers hold one group, not two.
-constexpr int kSlotBytes = 4 * 512 + 256;  // one row tile's group: 4 chunks of words + its scale codes
-
-template <int R>
-__device__ __forceinline__ void issue_group(uint8_t* slot, const uint4* w, const uint2* sc, int rt0, int row_tiles,
-                                            int chunks, int groups, int cg, int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = min(rt0 + r, row_tiles - 1);
-    const uint4* wp = w + ((size_t)rt * chunks + 4 * cg) * 32 + lane;
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + r * kSlotBytes + 16 * lane));
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + cc * 512), "l"(wp + cc * 32));
-    const uint32_t sdst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + r * kSlotBytes + 2048 + 8 * lane));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sdst), "l"(sc + ((size_t)rt * groups + cg) * 32 + lane));
-  }
-}
-
-template <int R>
-__device__ __forceinline__ void read_group(Group<R>& gr, const uint8_t* slot, int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) gr.w[r][cc] = *reinterpret_cast<const uint4*>(slot + r * kSlotBytes + cc * 512 + 16 * lane);
-    gr.s[r] = *reinterpret_cast<const uint2*>(slot + r * kSlotBytes + 2048 + 8 * lane);
-  }
-}
-
 // Lane (g, t)'s x rows 8*nt + g of this M block, at K offset 16t (nullptr past the last row).
 template <int MT>
 struct XRows {
@@ -205,10 +175,8 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
-// WS: weight stages in shared memory (0: two register groups, ping-pong); only with x through L1.
-template <int MT, int R, int WARPS, bool XS, int MINB, int WS>
+template <int MT, int R, int WARPS, bool XS, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
-  static_assert(WS == 0 || !XS, "weight stages in shared memory go with x through L1");
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -234,26 +202,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
 #pragma unroll
   for (int nt = 0; nt < MT; ++nt) xr.row[nt] = 8 * nt + g < m_rows ? x + (8 * nt + g) * p.ldx + 16 * t : nullptr;
 
-  if constexpr (WS > 0) {  // WS-1 groups in flight per lane while one computes
-    uint8_t* wsm = x_smem + warp * WS * R * kSlotBytes;
-#pragma unroll
-    for (int j = 0; j < WS - 1; ++j) {
-      if (cg0 + j < cg1) issue_group<R>(wsm + j * R * kSlotBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups,
-                                        cg0 + j, lane);
-      cp_async_commit();
-    }
-    for (int cg = cg0; cg < cg1; ++cg) {
-      const int j = cg - cg0;
-      if (cg + WS - 1 < cg1)  // refills the slot read (into registers) one iteration ago
-        issue_group<R>(wsm + (j + WS - 1) % WS * R * kSlotBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups,
-                       cg + WS - 1, lane);
-      cp_async_commit();
-      cp_async_wait<WS - 1>();
-      Group<R> gr;
-      read_group<R>(gr, wsm + j % WS * R * kSlotBytes, lane);
-      compute_group<MT, R, false>(acc, gr, xr, nullptr, cg, g, t);
-    }
-  } else {
   // Ping-pong: group cg+1's weights (registers) and x (shared) are in flight while group cg computes.
   Group<R> buf0, buf1;
   auto fetch = [&](Group<R>& gr, int cg, int slot) {
@@ -278,7 +226,6 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if (cg + 2 < cg1) fetch(buf0, cg + 2, 0);
     if constexpr (XS) cp_async_commit();
     run(buf1, cg + 1, 1);
-  }
   }
   if (!active) return;
 
@@ -311,12 +258,12 @@ __global__ void reduce_splits_kernel(const float* partial, __nv_bfloat16* y, int
   y[off] = __float2bfloat16_rn(s * out_scale);
 }
 
-template <int MT, int R, int WARPS, bool XS, int MINB = 1, int WS = 0>
+template <int MT, int R, int WARPS, bool XS, int MINB = 1>
 cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
   const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  const int smem = XS ? 2 * MT * 8 * kXRowBytes : WS * R * kSlotBytes * WARPS;
-  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, WS>;
+  const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
+  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
   if (smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
@@ -326,19 +273,7 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
 }
 
 template <int MT, bool XS>
-cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int w_stages, int splits,
-                      cudaStream_t s) {
-  if (w_stages != 0) {
-    if constexpr (XS) return cudaErrorInvalidValue;
-    else {
-      if (w_stages != 4 || min_ctas != 1) return cudaErrorInvalidValue;
-      if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, false, 1, 4>(p, splits, s);
-      if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, false, 1, 4>(p, splits, s);
-      if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, false, 1, 4>(p, splits, s);
-      if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, false, 1, 4>(p, splits, s);
-      return cudaErrorInvalidValue;
-    }
-  }
+cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s) {
   if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s);
   if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s);
   if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s);
@@ -353,18 +288,18 @@ cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int m
 
 }  // namespace
 
-cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, int w_stages,
-                      bool x_shared, int splits, cudaStream_t stream) {
+cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
+                      int splits, cudaStream_t stream) {
   cudaError_t err;
   switch (m_tiles * 2 + (x_shared ? 1 : 0)) {
-    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
-    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, w_stages, splits, stream); break;
+    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p.partial == nullptr) return err;

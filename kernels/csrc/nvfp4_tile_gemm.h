@@ -18,8 +18,6 @@ struct TileGemmArgs {
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
 // {(1,4), (1,8), (2,4), (2,8), (4,4)} with min_ctas 1, or (rows_per_warp, warps, min_ctas) in
 // {(2,4,4), (2,8,2), (1,8,3)} (registers capped so that many CTAs fit an SM); x_shared: stage x in
-// shared memory per CTA (else each warp reads it through L1); w_stages 0 (weights double-buffered in
-// registers) or 4 (4 weight stages in shared memory, with (r, w) in {1,2} x {4,8}, min_ctas 1 and x
-// through L1); splits = ceil(K/256 / groups_per_split).
-cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, int w_stages,
-                      bool x_shared, int splits, cudaStream_t stream);
+// shared memory per CTA (else each warp reads it through L1); splits = ceil(K/256 / groups_per_split).
+cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
+                      int splits, cudaStream_t stream);

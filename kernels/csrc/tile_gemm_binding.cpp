@@ -11,7 +11,7 @@ void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "tile_gemm: ", wh
 
 void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
-                   int64_t rows_per_warp, int64_t warps, int64_t min_ctas, int64_t w_stages, bool x_shared,
+                   int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split) {
   check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
         "x must be a CUDA bf16 [M, K] tensor with unit stride along K");
@@ -42,10 +42,10 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                  reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                  part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
                  (float)out_scale};
-  const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, (int)w_stages, x_shared, (int)splits,
+  const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared, (int)splits,
                                     at::cuda::getCurrentCUDAStream(x.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
-              " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " w_stages=", w_stages, " x_shared=", x_shared, ")");
+              " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, ")");
 }
 
 }  // namespace
