@@ -61,21 +61,30 @@ def correct(cfg: KernelConfig, m: int) -> bool:
 
 
 def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
+    """The Triton kernels' configs (SWEEP_ALGOS=gemv,mma filters them)."""
     from kernels.bench import time_packed
 
-    results = []
     algos = os.environ.get("SWEEP_ALGOS", "gemv,mma").split(",")
+    run_sweep("nvfp4_gemm", shapes, ms, out_path, candidates=lambda m: [c for c in candidates(m) if c.algo in algos],
+              correct=correct, time_fn=time_packed, label=label)
+
+
+def run_sweep(kind: str, shapes: dict, ms: list[int], out_path: str | None, *, candidates, correct, time_fn,
+              label) -> None:
+    """Time every candidate config per (shape, M) after checking it against the reference; print each
+    timing, the best per (shape, M) and one JSON line (also written to `out_path`)."""
+    results = []
     for name, (n, k) in shapes.items():
         for m in ms:
             best = None
-            for cfg in [c for c in candidates(m) if c.algo in algos]:
+            for cfg in candidates(m):
                 try:
                     if not correct(cfg, m):
                         print(f"  {name} M={m} {label(cfg)}: WRONG vs reference, skipped", file=sys.stderr)
                         continue
-                    t = time_packed(n, k, m, config=cfg, rep_ms=40)
-                except Exception as e:  # a candidate that does not compile (shared memory) is skipped
-                    print(f"  {name} M={m} {label(cfg)}: FAILED {type(e).__name__}: {str(e)[:120]}",
+                    t = time_fn(n, k, m, config=cfg, rep_ms=40)
+                except Exception as e:  # a candidate that does not compile or launch is skipped, said
+                    print(f"  {name} M={m} {label(cfg)}: FAILED {type(e).__name__}: {str(e)[:160]}",
                           file=sys.stderr)
                     continue
                 results.append({"shape": name, "n": n, "k": k, "m": m, "config": cfg.__dict__, "ms": t})
@@ -84,7 +93,7 @@ def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
                     best = (cfg, t)
             if best:
                 print(f"BEST {name} M={m}: {label(best[0])} {best[1]:.4f} ms", flush=True)
-    line = json.dumps({"schema_version": 1, "sweep": "nvfp4_gemm", "results": results})
+    line = json.dumps({"schema_version": 1, "sweep": kind, "results": results})
     print(line)
     if out_path:
         with open(out_path, "w") as f:

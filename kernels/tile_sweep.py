@@ -4,9 +4,6 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-import json
-import sys
-
 from kernels.tile_gemm import BUILT, TileConfig
 
 
@@ -42,28 +39,7 @@ def correct(cfg: TileConfig, m: int) -> bool:
 
 def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
     from kernels.bench import time_tile
+    from kernels.sweep import run_sweep
 
-    results = []
-    for name, (n, k) in shapes.items():
-        for m in ms:
-            best = None
-            for cfg in candidates(m):
-                try:
-                    if not correct(cfg, m):
-                        print(f"  {name} M={m} {label(cfg)}: WRONG vs reference, skipped", file=sys.stderr)
-                        continue
-                    t = time_tile(n, k, m, config=cfg, rep_ms=40)
-                except Exception as e:
-                    print(f"  {name} M={m} {label(cfg)}: FAILED {type(e).__name__}: {str(e)[:160]}", file=sys.stderr)
-                    continue
-                results.append({"shape": name, "n": n, "k": k, "m": m, "config": cfg.__dict__, "ms": t})
-                print(f"  {name:<13} M={m:<4} {label(cfg):<24} {t:.4f} ms", flush=True)
-                if best is None or t < best[1]:
-                    best = (cfg, t)
-            if best:
-                print(f"BEST {name} M={m}: {label(best[0])} {best[1]:.4f} ms", flush=True)
-    line = json.dumps({"schema_version": 1, "sweep": "tile_gemm", "results": results})
-    print(line)
-    if out_path:
-        with open(out_path, "w") as f:
-            f.write(line + "\n")
+    run_sweep("tile_gemm", shapes, ms, out_path, candidates=candidates, correct=correct, time_fn=time_tile,
+              label=label)

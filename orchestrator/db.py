@@ -35,6 +35,9 @@ CREATE INDEX IF NOT EXISTS runs_idem ON runs (idem_key, state);
 """
 
 
+BUSY_TIMEOUT_S = 30.0
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -46,11 +49,26 @@ def new_run_id(sha: str) -> str:
 def connect(path: str | Path) -> sqlite3.Connection:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)  # transactions are explicit below
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # explicit transactions below
+    _enable_wal(conn)
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
     conn.executescript(_SCHEMA)
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode=WAL, retried: switching a fresh file to WAL needs an exclusive lock, and
+    SQLite answers "database is locked" at once, without its busy handler, when another connection
+    is opening the same file (two gates starting together)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager

@@ -335,3 +335,36 @@ def test_run_group_reports_output_and_exit(tmp_path):
     assert (r.returncode, r.output.strip(), r.timed_out) == (3, "hi", False)
     r = run_group(["sleep", "30"], cwd=tmp_path, env=dict(os.environ), timeout_s=30, cancelled=lambda: True)
     assert r.cancelled and r.returncode == -signal.SIGTERM
+
+
+
+def test_a_transient_lock_on_the_wal_switch_is_retried(tmp_path, monkeypatch):
+    """Two gates starting together open the same new results file; SQLite can answer the WAL switch
+    with "database is locked" at once, without its busy handler (seen in test_orch_ray's two-gate
+    test). connect() must retry it, not fail the gate."""
+    import sqlite3
+
+    from orchestrator import db as odb
+
+    real_connect, refusals = sqlite3.connect, []
+
+    class Flaky:
+        def __init__(self, conn):
+            self._conn = conn
+
+        def execute(self, sql, *a):
+            if sql.startswith("PRAGMA journal_mode=WAL") and len(refusals) < 3:
+                refusals.append(sql)
+                raise sqlite3.OperationalError("database is locked")
+            return self._conn.execute(sql, *a)
+
+        def __getattr__(self, name):
+            return getattr(self._conn, name)
+
+    monkeypatch.setattr(odb.sqlite3, "connect", lambda *a, **k: Flaky(real_connect(*a, **k)))
+    conn = odb.connect(tmp_path / "results.db")
+    assert len(refusals) == 3 and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    monkeypatch.setattr(odb, "BUSY_TIMEOUT_S", 0.0)
+    refusals.clear()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # past the deadline it is raised
+        odb.connect(tmp_path / "other.db")

@@ -1,0 +1,38 @@
+"""The offline sweep loop and the tile kernel's candidate set (pure Python; no GPU)."""
+from __future__ import annotations
+
+import json
+
+from kernels.sweep import run_sweep
+from kernels.tile_gemm import TileConfig
+from kernels.tile_sweep import candidates
+
+
+def test_run_sweep_skips_wrong_and_failing_configs_and_keeps_the_fastest(tmp_path, capsys):
+    times = {"a": 0.3, "b": 0.1, "c": 0.2, "wrong": 0.01, "boom": 0.0}
+
+    def time_fn(n, k, m, config, rep_ms):
+        if config.name == "boom":
+            raise RuntimeError("too much shared memory")
+        return times[config.name] * m
+
+    class Cfg:
+        def __init__(self, name):
+            self.name = name
+
+    out = tmp_path / "sweep.json"
+    run_sweep("demo", {"head": (64, 256)}, [1, 2], str(out), candidates=lambda m: [Cfg(n) for n in times],
+              correct=lambda cfg, m: cfg.name != "wrong", time_fn=time_fn, label=lambda c: c.name)
+    printed = capsys.readouterr()
+    assert "BEST head M=1: b 0.1000 ms" in printed.out and "BEST head M=2: b 0.2000 ms" in printed.out
+    assert "wrong: WRONG vs reference, skipped" in printed.err and "boom: FAILED RuntimeError" in printed.err
+    line = json.loads(out.read_text())
+    assert line["sweep"] == "demo" and {r["config"]["name"] for r in line["results"]} == {"a", "b", "c"}
+
+
+def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
+    for m in (1, 4, 9, 16, 17, 64, 256):
+        cands = candidates(m)
+        assert cands and all(isinstance(c, TileConfig) for c in cands)
+        assert max(c.m_tiles for c in cands) * 8 >= min(m, 64)
+        assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in cands)
