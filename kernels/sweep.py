@@ -34,14 +34,14 @@ def label(c: KernelConfig) -> str:
     return f"{c.algo} m{c.block_m} n{c.block_n} k{c.block_k} w{c.num_warps} s{c.num_stages}"
 
 
-def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
-    """The fastest config per swept M of `shape`, as a tuning.TABLE (the largest M serves all above)."""
+def table_from_sweep(results: list[dict], shape: str = "lm_head", make=KernelConfig) -> tuple:
+    """The fastest config per swept M of `shape`, as a per-M table (the largest M serves all above);
+    `make` builds a config from its dict (KernelConfig for Triton, TileConfig for the tile kernel)."""
     best: dict[int, dict] = {}
     for r in results:
         if r["shape"] == shape and (r["m"] not in best or r["ms"] < best[r["m"]]["ms"]):
             best[r["m"]] = r
-    ms = sorted(best)
-    rows = [(m, KernelConfig(**best[m]["config"])) for m in ms]
+    rows = [(m, make(**best[m]["config"])) for m in sorted(best)]
     return tuple(rows[:-1]) + ((1 << 62, rows[-1][1]),)
 
 

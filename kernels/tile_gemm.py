@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
@@ -56,21 +57,14 @@ MAX_M = 64
 
 def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
     """The fastest config per swept M of `shape` (kernels/tile_sweep.py), as a TABLE."""
-    best: dict[int, dict] = {}
-    for r in results:
-        if r["shape"] == shape and (r["m"] not in best or r["ms"] < best[r["m"]]["ms"]):
-            best[r["m"]] = r
-    rows = [(m, TileConfig(**best[m]["config"])) for m in sorted(best)]
-    return tuple(rows[:-1]) + ((1 << 62, rows[-1][1]),)
+    from kernels.sweep import table_from_sweep as fastest_per_m
+
+    return fastest_per_m(results, shape, make=TileConfig)
 
 
 def config_for(m: int, table=None) -> TileConfig:
-    if m < 1:
-        raise ValueError(f"tile config_for: M must be >= 1, found {m}")
-    for max_m, cfg in (table or TABLE):
-        if m <= max_m:
-            return cfg
-    return (table or TABLE)[-1][1]
+    """The table row for M rows of activations (M >= 1); the same lookup as the Triton table's."""
+    return tuning.config_for(m, table or TABLE)
 
 
 def groups_per_split(m: int, n_main: int, k: int, cfg: TileConfig, sms: int) -> int:
@@ -101,7 +95,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *, config: 
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = x.contiguous()
+        x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned rows
     cfg = config or config_for(m)
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
