@@ -142,7 +142,11 @@ def bench_row(name: str, n: int, k: int, m: int, read_gbps: float) -> dict:
             "ours_ms": ours, "triton_ms": triton_ms, "tile_ms": tile_ms, "floor_ms": floor_ms, "of_floor": floor_ms / ours,
             "cublas_bf16_ms": cublas, "x_cublas": cublas / ours,
             "tinygemm_g32_ms": tiny, "x_tinygemm": None if tiny is None else tiny / ours,
-            "config": (tile_gemm.config_for(m) if tile else tuning.config_for(m)).__dict__}
+            "config": _config_json(tile_gemm.config_for(m) if tile else tuning.config_for(m))}
+
+
+def _config_json(cfg) -> dict:
+    return {"kind": type(cfg).__name__, **cfg.__dict__}
 
 
 def fmt(v, spec: str) -> str:
@@ -177,6 +181,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tile_sweep.py)")
     ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
+    ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, wgmma)")
     ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
     ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of TABLE")
     a = ap.parse_args(argv)
@@ -187,12 +192,14 @@ def main(argv=None) -> None:
         return sweep(shapes, ms, a.sweep_out)
     if a.tile_sweep:
         from kernels.tile_sweep import sweep as tile_sweep
-        return tile_sweep(shapes, ms, a.sweep_out)
+        return tile_sweep(shapes, ms, a.sweep_out, kinds=tuple(a.tile_kinds.split(",")))
     if a.tile_table_from:
         from kernels import tile_gemm
         with open(a.tile_table_from) as f:
-            tile_gemm.TABLE = tile_gemm.table_from_sweep(json.loads(f.readline())["results"])
-        print("tile TABLE =", tile_gemm.TABLE, file=sys.stderr)
+            results = json.loads(f.readline())["results"]
+        tile_gemm.TABLE = tile_gemm.table_from_sweep(results)
+        tile_gemm.MAX_M = max(r["m"] for r in results)  # the tile kernels serve every swept M
+        print("tile TABLE =", tile_gemm.TABLE, "MAX_M =", tile_gemm.MAX_M, file=sys.stderr)
     if a.table_from:
         from kernels.sweep import table_from_sweep
         with open(a.table_from) as f:

@@ -100,7 +100,7 @@ def _warm_tile(op) -> None:
     from kernels import tile_gemm
 
     for max_m, _ in tile_gemm.TABLE:
-        m = min(max_m, tile_gemm.MAX_M)
+        m = min(max_m, tile_gemm.MAX_M, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
                             sms=_sm_count(op.words.device))
 

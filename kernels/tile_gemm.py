@@ -1,4 +1,8 @@
-"""The CUDA tile GEMM (csrc/nvfp4_tile_gemm.cu): build, per-M table, launcher.
+"""The CUDA GEMMs on the tile layout: build, per-M table, launcher.
+
+Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
+(`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
+picks one per M.
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
@@ -17,8 +21,9 @@ from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu")
-CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90,code=sm_90", "-std=c++17")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
+# sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
+CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
 # (rows_per_warp, warps, min_ctas) instantiated in csrc/nvfp4_tile_gemm.cu, for every m_tiles and x_shared.
@@ -40,37 +45,80 @@ class TileConfig:
             raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas) "
                              f"{(self.rows_per_warp, self.warps, self.min_ctas)} is not built; built: {BUILT}")
 
+    @property
+    def cta_rows(self) -> int:  # weight rows per CTA
+        return ROW_TILE * self.rows_per_warp * self.warps
+
+    @property
+    def cta_m(self) -> int:  # rows of x per CTA
+        return 8 * self.m_tiles
+
+
+# instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
+WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
+WGMMA_MAX_BM_2_ROW_BLOCKS = 64
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_m: int  # rows of x per CTA: the wgmma's N
+    warpgroups: int = 2  # per CTA
+    row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
+
+    def __post_init__(self):
+        if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
+            raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
+                             f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
+        if self.row_blocks == 2 and self.block_m > WGMMA_MAX_BM_2_ROW_BLOCKS:
+            raise ValueError(f"WgmmaConfig: row_blocks 2 needs block_m <= {WGMMA_MAX_BM_2_ROW_BLOCKS} (accumulator "
+                             f"registers), found {self.block_m}")
+
+    @property
+    def cta_rows(self) -> int:
+        return 64 * self.warpgroups * self.row_blocks
+
+    @property
+    def cta_m(self) -> int:
+        return self.block_m
+
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
-# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 (lm_head 248320 x 5120, every
-# built config, two sweeps on two machines; docs/KERNEL-NOTES.md has the numbers). Rows good in both.
-TABLE: tuple[tuple[int, TileConfig], ...] = (
-    (4, TileConfig(1, 1, 4)),  # M=1: 0.174 / 0.180 ms; M=4: 0.185 / 0.192 ms
-    (16, TileConfig(2, 4, 4, x_shared=True)),  # M=16: 0.237 / 0.255 ms
-    (1 << 62, TileConfig(8, 2, 8, x_shared=True)),  # M=64: 0.528 / 0.535 ms (served up to MAX_M)
+# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 07:37 UTC (lm_head 248320 x 5120:
+# every wgmma config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up).
+TABLE: tuple[tuple[int, TileConfig | WgmmaConfig], ...] = (
+    (4, TileConfig(1, 1, 4)),  # M=1: 0.174 ms (wgmma bm16: 0.212); M=4: 0.179
+    (16, WgmmaConfig(16, 2, 1)),  # M=16: 0.229 ms (mma.sync 2,4,4,shared: 0.237)
+    (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.366 ms (mma.sync 8,2,8,shared: 0.527)
+    (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.559 ms
+    (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 0.979 ms (Triton: 1.29); larger M: blocks of 256
 )
 SPLIT_MAX = 16
-# The largest M the tile kernel serves; above it the Triton MMA kernel on the checkpoint layout was
-# faster at every swept shape (mma.sync tile kernel 1.90 ms vs Triton 1.27 ms at the head, M=256).
-MAX_M = 64
+# The largest M the tile-layout kernels serve: every M (the wgmma kernel's last row takes M blocks
+# of 256); the Triton kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
+MAX_M = 1 << 62
 
 
 def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
     """The fastest config per swept M of `shape` (kernels/tile_sweep.py), as a TABLE."""
     from kernels.sweep import table_from_sweep as fastest_per_m
 
-    return fastest_per_m(results, shape, make=TileConfig)
+    return fastest_per_m(results, shape, make=lambda **d: config_from_dict(d))
 
 
-def config_for(m: int, table=None) -> TileConfig:
+def config_from_dict(d: dict) -> TileConfig | WgmmaConfig:
+    """A config from its `__dict__` (sweep and bench JSON)."""
+    return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
+
+
+def config_for(m: int, table=None) -> TileConfig | WgmmaConfig:
     """The table row for M rows of activations (M >= 1); the same lookup as the Triton table's."""
     return tuning.config_for(m, table or TABLE)
 
 
-def groups_per_split(m: int, n_main: int, k: int, cfg: TileConfig, sms: int) -> int:
+def groups_per_split(m: int, n_main: int, k: int, cfg: TileConfig | WgmmaConfig, sms: int) -> int:
     """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs twice over;
     the splits divide the groups exactly, so every split has equal work."""
-    ctas = -(-(n_main // ROW_TILE) // (cfg.warps * cfg.rows_per_warp)) * -(-m // (8 * cfg.m_tiles))
+    ctas = -(-n_main // cfg.cta_rows) * -(-m // cfg.cta_m)
     groups = k // K_GROUP
     want = min(SPLIT_MAX, -(-2 * sms // ctas), groups)
     splits = max(d for d in range(1, want + 1) if groups % d == 0)
@@ -87,7 +135,30 @@ def extension():
                 verbose=False)
 
 
-def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *, config: TileConfig | None = None,
+def wgmma_x_tiles(x: torch.Tensor, block_m: int) -> torch.Tensor:
+    """The torch twin of the extension's `wgmma_x_tiles`: x [M, K] -> [ceil(M/block_m), K/64, block_m, 64],
+    each [block_m, 64] a shared-memory stage of the wgmma kernel: `wgmma_order`'s K order, rows past M
+    zero, and the 128-byte swizzle (16-byte piece j of row r stored at position j ^ (r % 8))."""
+    m, k = x.shape
+    mb = -(-m // block_m)
+    xp = torch.zeros(mb * block_m, k, dtype=x.dtype, device=x.device)
+    xp[:m] = wgmma_order(x)
+    tiles = xp.view(mb, block_m, k // 64, 8, 8).permute(0, 2, 1, 3, 4)  # mb, c, r, piece, value
+    r = torch.arange(block_m, device=x.device)
+    stored = torch.arange(8, device=x.device)[None, :] ^ (r[:, None] % 8)  # [r, position] -> piece
+    return torch.gather(tiles, 3, stored[None, None, :, :, None].expand(tiles.shape)).reshape(mb, k // 64, block_m, 64)
+
+
+def wgmma_order(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> a copy with each 64-wide K chunk in the wgmma kernel's K order: position
+    16i + 8h + 2t + j (step i, the MMA's k = 2t + 8h + j) holds x's 16t + 4i + 2h + j, the K of the
+    weight that lane (g, t)'s A register h of step i carries (tile_layout.py's word contract)."""
+    m, k = x.shape
+    return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+
+
+def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
+              config: TileConfig | WgmmaConfig | None = None,
               out: torch.Tensor | None = None, sms: int = 132) -> torch.Tensor:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout."""
@@ -101,8 +172,13 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *, config: 
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
-    extension().tile_gemm_out(x, op.words, op.codes, y, partial, float(global_scale) * OUT_SHIFT,
-                              cfg.m_tiles, cfg.rows_per_warp, cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
+    out_scale = float(global_scale) * OUT_SHIFT
+    if isinstance(cfg, WgmmaConfig):
+        extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
+                                   cfg.row_blocks, gps)
+    else:
+        extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
+                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
     if op.n > op.n_main:
         from kernels.nvfp4_gemm import nvfp4_gemm
 

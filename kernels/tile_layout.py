@@ -172,9 +172,10 @@ def _bf16_bits_to_f64(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32).double()
 
 
-def emulate_dequant(op: TileOperand, global_scale: float) -> torch.Tensor:
-    """The kernel's view of W [N_main, K] in FP64: decoded words times decoded scales, each product
-    checked to be a bf16 (as the kernel's mul.rn.bf16x2 makes it), times global_scale * 2^19."""
+def emulate_fragments(op: TileOperand, global_scale: float) -> torch.Tensor:
+    """What the kernels' registers hold, in FP64: [RT, K/64, 32 lanes, 4 steps i, 4 registers r, 2 halves]
+    = decoded word times decoded scale (each product checked to be a bf16, as the kernel's
+    mul.rn.bf16x2 makes it) times global_scale * 2^19."""
     rt, nc = op.words.shape[:2]
     outs = decode_word(op.words)  # 4 x [RT, C, 32, 4] of bf16x2 bit patterns
     halves = torch.stack([torch.stack((o & 0xFFFF, o >> 16), -1) for o in outs], dim=-2)  # [...,4 i, 4 r, 2]
@@ -186,6 +187,12 @@ def emulate_dequant(op: TileOperand, global_scale: float) -> torch.Tensor:
     prod = vals * s[:, :, :, None, r_half, None]  # [RT, C, 32, 4 i, 4 r, 2]
     if not torch.equal(prod, prod.float().to(torch.bfloat16).double()):
         raise AssertionError("a nibble x scale product is not exact in bf16")
-    # back to [N_main, K]: rt, c, g, t, i, kh, rh, half -> rt, rh, g, c, t, i, kh, half
-    w = prod.view(rt, nc, 8, 4, 4, 2, 2, 2).permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(rt * 16, nc * 64)
-    return w * (global_scale * OUT_SHIFT)
+    return prod * (global_scale * OUT_SHIFT)
+
+
+def emulate_dequant(op: TileOperand, global_scale: float) -> torch.Tensor:
+    """The kernel's view of W [N_main, K] in FP64, in the checkpoint's K order (the word contract)."""
+    prod = emulate_fragments(op, global_scale)
+    rt, nc = prod.shape[:2]
+    # rt, c, g, t, i, kh, rh, half -> rt, rh, g, c, t, i, kh, half
+    return prod.reshape(rt, nc, 8, 4, 4, 2, 2, 2).permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(rt * 16, nc * 64)

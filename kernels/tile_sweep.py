@@ -4,19 +4,37 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import BUILT, TileConfig
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, TileConfig, WgmmaConfig
 
 
-def candidates(m: int) -> list[TileConfig]:
-    """Every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in one
-    block and one smaller; minus the combinations that spill (4 row tiles at m_tiles >= 4)."""
+KINDS = ("sync", "wgmma")
+
+
+def candidates(m: int, kinds=KINDS) -> list[TileConfig | WgmmaConfig]:
+    """mma.sync: every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in
+    one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
+    wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
+    256) and one smaller.
+    The table's current config for M is always a candidate (the incumbent)."""
+    from kernels.tile_gemm import config_for
+
     need = min(8, 1 << max(0, (-(-m // 8) - 1).bit_length()))
     tiles = sorted({need, max(1, need // 2)})
-    return [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
-            if not (r == 4 and mt >= 4)]
+    out = [config_for(m)]
+    if "sync" in kinds:
+        out += [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
+                if not (r == 4 and mt >= 4)]
+    if "wgmma" in kinds:
+        cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
+        blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
+        out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
+                if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
+    return list(dict.fromkeys(out))
 
 
-def label(c: TileConfig) -> str:
+def label(c: TileConfig | WgmmaConfig) -> str:
+    if isinstance(c, WgmmaConfig):
+        return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 
@@ -37,9 +55,12 @@ def correct(cfg: TileConfig, m: int) -> bool:
     return bool(torch.isfinite(y).all()) and relative_error(y, reference_gemm(x, packed, scale, gs)) <= 1e-2
 
 
-def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
+def sweep(shapes: dict, ms: list[int], out_path: str | None = None, kinds=KINDS) -> None:
     from kernels.bench import time_tile
     from kernels.sweep import run_sweep
 
-    run_sweep("tile_gemm", shapes, ms, out_path, candidates=candidates, correct=correct, time_fn=time_tile,
-              label=label)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"tile sweep kinds: expected a subset of {KINDS}, found {sorted(unknown)}")
+    run_sweep("tile_gemm", shapes, ms, out_path, candidates=lambda m: candidates(m, kinds), correct=correct,
+              time_fn=time_tile, label=label)

@@ -2,7 +2,7 @@
 # The one script sent to the GPU box for the packed NVFP4 GEMM (issue 4). Stages, in the order given:
 #   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
 #   tile   build the CUDA tile GEMM extension, its tests, the marker
-#   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS) for kernels/tile_gemm.py TABLE
+#   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/tile_gemm.py TABLE
 #   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/tuning.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
@@ -29,7 +29,7 @@ stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
 }
 stage_tilesweep() {
   $PY -m kernels.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
-    --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
+    --tile-kinds "${SWEEP_KINDS:-sync,wgmma}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
 }
 stage_tilebench() { $PY -m kernels.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
@@ -41,17 +41,17 @@ stage_tune() {  # sweep, then bench with the sweep's fastest configs (copy them 
     --sweep-out "$OUT/sweep.json" | grep -v '^{'
   $PY -m kernels.bench --table-from "$OUT/sweep.json"
 }
-stage_ncu() {  # NCU_M rows; NCU_CFG "m_tiles,rows_per_warp,warps,x_shared" (default: the table's)
-  ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-tile_gemm_kernel}" --launch-skip 3 --launch-count 1 \
+stage_ncu() {  # NCU_M rows; NCU_CFG a config's JSON, e.g. '{"block_m": 64}' (default: the table's)
+  ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemm_kernel}" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
     $PY -c "
 import torch
 from kernels.bench import random_packed
-from kernels.tile_gemm import TileConfig, tile_gemm
+from kernels.tile_gemm import config_from_dict, tile_gemm
 from kernels.tile_layout import repack
-cfg = '${NCU_CFG:-}'
-cfg = TileConfig(*[int(v) for v in cfg.split(',')]) if cfg else None
+import json
+cfg = config_from_dict(json.loads('${NCU_CFG:-}')) if '${NCU_CFG:-}' else None
 op = repack(*random_packed(248320, 5120, 0))
 x = torch.randn(${NCU_M:-1}, 5120, dtype=torch.bfloat16, device='cuda')
 for _ in range(5): tile_gemm(x, op, 1e-3, config=cfg)

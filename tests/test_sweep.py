@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 
 from kernels.sweep import run_sweep
-from kernels.tile_gemm import TileConfig
-from kernels.tile_sweep import candidates
+import pytest
+
+from kernels.tile_gemm import TileConfig, WgmmaConfig, config_for
+from kernels.tile_sweep import candidates, sweep
 
 
 def test_run_sweep_skips_wrong_and_failing_configs_and_keeps_the_fastest(tmp_path, capsys):
@@ -33,6 +35,18 @@ def test_run_sweep_skips_wrong_and_failing_configs_and_keeps_the_fastest(tmp_pat
 def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
     for m in (1, 4, 9, 16, 17, 64, 256):
         cands = candidates(m)
-        assert cands and all(isinstance(c, TileConfig) for c in cands)
-        assert max(c.m_tiles for c in cands) * 8 >= min(m, 64)
-        assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in cands)
+        sync = [c for c in cands if isinstance(c, TileConfig)]
+        wgmma = [c for c in cands if isinstance(c, WgmmaConfig)]
+        assert sync and wgmma and len(sync) + len(wgmma) == len(cands) == len(set(cands))
+        assert max(c.m_tiles for c in sync) * 8 >= min(m, 64)
+        assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in sync)
+        assert max(c.block_m for c in wgmma) >= min(m, 256) and {c.warpgroups for c in wgmma} == {1, 2}
+
+
+def test_tile_candidates_of_one_kind_keep_the_incumbent():
+    for m in (1, 16, 64, 256):
+        cands = candidates(m, kinds=("wgmma",))
+        assert cands[0] == config_for(m)  # the table's current choice is always timed beside them
+        assert all(isinstance(c, WgmmaConfig) for c in cands[1:])
+    with pytest.raises(ValueError, match="subset"):
+        sweep({}, [1], kinds=("wmma",))

@@ -9,7 +9,7 @@ import torch
 
 from engine.nvfp4 import dequantize_raw
 from kernels import tile_gemm, tile_layout
-from kernels.tile_layout import emulate_dequant, repack
+from kernels.tile_layout import emulate_dequant, emulate_fragments, repack
 
 
 def _seed() -> int:
@@ -98,3 +98,70 @@ def test_table_from_sweep_takes_the_fastest_per_m():
     table = tile_gemm.table_from_sweep(rows)
     assert table[0] == (1, tile_gemm.TileConfig(1, 1, 4))
     assert table[-1][0] > 10**9 and table[-1][1].x_shared
+
+
+def test_wgmma_k_order_puts_x_where_the_a_fragment_needs_it():
+    """The wgmma kernel's A registers are the m16n8k16 A fragment (register r of step i at row
+    g + 8*(r%2), MMA k = 2t + 8*(r//2) + half); B row k of step i is x's column 16i + k of the
+    reordered chunk. Assemble W as the MMA sees it from the decoded fragments alone and check that
+    reordered x times it is x times the reference W."""
+    n, k = 48, 512
+    packed, scale = _random(n, k, _seed())
+    op = repack(packed, scale)
+    frags = emulate_fragments(op, 0.37)  # [RT, C, lane (g, t), step i, register r = 2*kh + rh, half]
+    rt, nc = frags.shape[:2]
+    # rt, c, g, t, i, kh, rh, half -> row 16rt + 8rh + g, MMA column 64c + 16i + 8kh + 2t + half
+    w_mma = frags.reshape(rt, nc, 8, 4, 4, 2, 2, 2).permute(0, 6, 2, 1, 4, 5, 3, 7).reshape(rt * 16, nc * 64)
+    x = torch.randn(5, k, dtype=torch.float64)
+    ref = x @ dequantize_raw(packed, scale, 0.37, torch.float32).double()[:op.n_main].T
+    got = tile_gemm.wgmma_order(x) @ w_mma.T
+    assert float((got - ref).norm() / ref.norm()) < 1e-6  # the FP32 reference's rounding only
+    perm = tile_gemm.wgmma_order(torch.arange(k).view(1, k))[0]
+    assert sorted(perm.tolist()) == list(range(k))  # a permutation within each chunk
+    assert torch.equal(w_mma, emulate_dequant(op, 0.37)[:, perm])
+
+
+@pytest.mark.parametrize("m,block_m", [(5, 16), (64, 64), (40, 32)])
+def test_wgmma_x_tiles_are_what_the_swizzled_descriptor_reads(m, block_m):
+    """wgmma reads step i's B row n, K k of a stage at byte n*128 + 32i + 2k of the 128-byte swizzle:
+    16-byte piece (32i + 2k)/16 of row n sits at position piece ^ (n % 8). Those reads must return
+    the K-ordered x (zero past M)."""
+    k = 256
+    x = torch.randn(m, k, dtype=torch.float64)
+    tiles = tile_gemm.wgmma_x_tiles(x, block_m)  # [mb, C, BM, 64]
+    mb = tiles.shape[0]
+    n = torch.arange(block_m)[:, None]
+    logical = torch.arange(64)[None, :]  # 16i + k within the chunk
+    stored = ((logical // 8) ^ (n % 8)) * 8 + logical % 8
+    read = torch.gather(tiles, 3, stored.expand(mb, k // 64, block_m, 64))  # [mb, C, n, logical]
+    want = torch.zeros(mb * block_m, k, dtype=x.dtype)
+    want[:m] = tile_gemm.wgmma_order(x)
+    assert torch.equal(read.permute(0, 2, 1, 3).reshape(mb * block_m, k), want)
+
+
+def test_generated_wgmma_header_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    csrc = Path(tile_gemm.__file__).with_name("csrc")
+    spec = importlib.util.spec_from_file_location("gen_wgmma_rs", csrc / "gen_wgmma_rs.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (csrc / "wgmma_rs.cuh").read_text() == gen.header(), "run kernels/csrc/gen_wgmma_rs.py"
+    assert set(gen.WIDTHS) == set(tile_gemm.WGMMA_BLOCK_M)
+
+
+def test_wgmma_config_validation_split_and_json_round_trip():
+    with pytest.raises(ValueError, match="block_m"):
+        tile_gemm.WgmmaConfig(48)
+    with pytest.raises(ValueError, match="warpgroups"):
+        tile_gemm.WgmmaConfig(64, 3)
+    with pytest.raises(ValueError, match="accumulator"):
+        tile_gemm.WgmmaConfig(128, 2, 2)
+    cfg = tile_gemm.WgmmaConfig(64, 2)
+    assert tile_gemm.groups_per_split(64, 248320, 5120, cfg, 132) == 20  # 1940 CTAs: no split
+    gps = tile_gemm.groups_per_split(64, 5120, 17408, cfg, 132)  # 40 CTAs: split K
+    assert 68 % gps == 0 and 40 * (68 // gps) >= 132
+    assert tile_gemm.WgmmaConfig(64, 2, 2).cta_rows == 256
+    for c in (cfg, tile_gemm.WgmmaConfig(32, 1, 2), tile_gemm.TileConfig(2, 4, 4, x_shared=True)):
+        assert tile_gemm.config_from_dict(dict(c.__dict__)) == c

@@ -1,4 +1,5 @@
-// The launcher of kernels/csrc/nvfp4_tile_gemm.cu; the binding (tile_gemm_binding.cpp) fills the args.
+// The launchers of kernels/csrc/nvfp4_tile_gemm.cu (mma.sync) and nvfp4_wgmma_gemm.cu (wgmma, sm_90a);
+// the binding (tile_gemm_binding.cpp) fills the args.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -21,3 +22,17 @@ struct TileGemmArgs {
 // shared memory per CTA (else each warp reads it through L1); splits = ceil(K/256 / groups_per_split).
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
                       int splits, cudaStream_t stream);
+
+// Sums the split-K partials into y (times out_scale); both kernels end with it when splits > 1.
+cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream);
+
+// The wgmma kernel: p.x must be x laid out by wgmma_x_tiles for the same block_m; block_m in
+// {16, 32, 64, 128, 256} rows of x per CTA (the wgmma's N), warpgroups in {1, 2}, row_blocks (64-row
+// blocks of W per warpgroup) 1, or 2 where block_m <= 64.
+cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int splits,
+                       cudaStream_t stream);
+
+// x [M, K] (row stride ldx) -> out [ceil(M/block_m)][K/64][block_m][64] bf16: each block_m x 64 stage
+// of the wgmma kernel, in its K order and 128-byte swizzle, rows past M zero.
+cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
+                          cudaStream_t stream);
