@@ -198,8 +198,7 @@ def main(argv=None) -> None:
         with open(a.tile_table_from) as f:
             results = json.loads(f.readline())["results"]
         tile_gemm.TABLE = tile_gemm.table_from_sweep(results)
-        tile_gemm.MAX_M = max(r["m"] for r in results)  # the tile kernels serve every swept M
-        print("tile TABLE =", tile_gemm.TABLE, "MAX_M =", tile_gemm.MAX_M, file=sys.stderr)
+        print("tile TABLE =", tile_gemm.TABLE, file=sys.stderr)
     if a.table_from:
         from kernels.sweep import table_from_sweep
         with open(a.table_from) as f:

@@ -1,14 +1,14 @@
 """Packed NVFP4 W4A16 GEMM: y[M, N] = x[M, K] @ dequant(W)^T, BF16 out, FP32 accumulate.
 
 Two kernels, one contract:
-- the CUDA tile GEMM (`kernels/tile_gemm.py`, csrc/): `prepare` repacks W once into the tile layout
-  (`kernels/tile_layout.py`; exactly the checkpoint's bytes) and `matmul` runs it. The fast path.
+- the CUDA GEMMs on the tile layout (`kernels/tile_gemm.py`, csrc/: mma.sync for M <= 4, Hopper
+  wgmma above): `prepare` repacks W once into the tile layout (`kernels/tile_layout.py`; exactly
+  the checkpoint's bytes) and `matmul` runs them at every M. The fast path.
 - the Triton kernels (`kernels/nvfp4_triton.py`) on the checkpoint layout (`Nvfp4Weight.packed` u8
   [N, K/2], low nibble first; `block_scale` E4M3 [N, K/16]; `global_scale` FP32, ModelOpt
-  convention: multiply): M above `tile_gemm.MAX_M` (where it is faster), weights the tile layout
-  cannot hold (K not a multiple of 256), the N % 16 tail rows, and every weight when the extension
-  cannot be built (REGATE_TILE_GEMM=0 forces this). The checkpoint layout therefore stays resident
-  beside the tile operand.
+  convention: multiply): weights the tile layout cannot hold (K not a multiple of 256), the N % 16
+  tail rows, and every weight when the extension cannot be built (REGATE_TILE_GEMM=0 forces this).
+  The checkpoint layout therefore stays resident beside the tile operand (the references read it too).
 
 Each kernel's algorithm per M comes from a fixed table (`kernels/tuning.py`, `tile_gemm.TABLE`);
 nothing is autotuned at call time. Every call allocates through torch's
