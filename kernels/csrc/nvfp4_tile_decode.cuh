@@ -1,5 +1,6 @@
 // The device side both tile-layout kernels share (nvfp4_tile_gemm.cu: mma.sync; nvfp4_wgmma_gemm.cu:
-// wgmma): the weight word decode, the scale codes, the streamed weight loads, cp.async helpers.
+// wgmma): the weight word decode, the scale codes, the streamed weight loads; and the cp.async
+// helpers of the mma.sync kernel's x staging.
 // kernels/tile_layout.py is the byte-level contract and `emulate_dequant` this decode's torch twin.
 #pragma once
 #include <cuda_bf16.h>
@@ -7,7 +8,6 @@
 #include <cstdint>
 
 namespace tile {
-
 
 constexpr uint32_t kBf16Mask = 0x81C081C0u;  // sign + e1 e0 m of both bf16 halves
 constexpr uint32_t kLeftBits = 0x001B001Bu;  // the 8 bits the 4th output comes from
@@ -70,11 +70,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 __device__ __forceinline__ void cp_async16(void* smem, const void* src, bool real) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(real ? 16 : 0));
-}
-
-// The same with a shared-space address and the byte count to read (16, or 0 to zero-fill).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
