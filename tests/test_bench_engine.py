@@ -27,7 +27,7 @@ def test_bench_prints_one_json_line_with_the_schema():
     assert r["peak_device_bytes"] == 0  # CPU
     eng = Engine(tiny())
     assert r["bytes_per_decode_step"] == eng.residency()["totals"]["bytes_per_decode_step"]
-    assert {"host", "gpu", "driver", "torch", "triton", "head_sha"} <= set(r["meta"])
+    assert {"host", "gpu", "driver", "torch", "triton", "head_sha", "tree_dirty"} <= set(r["meta"])
     assert r["params"]["lm_head"] == "packed" and r["params"]["batch"] == 2
 
 
@@ -59,3 +59,20 @@ def test_generate_cli_bad_ids_exit_2():
 def test_info_on_a_missing_checkpoint_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(app, ["info", "--model", str(tmp_path / "nope"), "--json"])
     assert res.exit_code == 2 and "config.json" in res.output
+
+
+def test_git_state_says_when_the_tree_is_not_head(tmp_path):
+    import subprocess
+
+    from engine.commands.bench import git_state
+
+    assert git_state(tmp_path) == {"head_sha": None, "tree_dirty": None}  # not a checkout
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "kernel.cu").write_text("v1\n")
+    subprocess.run(git + ["add", "kernel.cu"], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert git_state(tmp_path) == {"head_sha": sha, "tree_dirty": False}
+    (tmp_path / "kernel.cu").write_text("v2\n")  # a copied-in tree newer than the checkout's HEAD
+    assert git_state(tmp_path) == {"head_sha": sha, "tree_dirty": True}

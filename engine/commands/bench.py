@@ -36,6 +36,21 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
+def git_state(cwd: Path) -> dict:
+    """{"head_sha", "tree_dirty"} of the checkout holding `cwd`: tree_dirty is True when tracked files
+    differ from HEAD, so a record measured on a copied tree (a GPU box gets the working tree, not the
+    commit) does not pass for HEAD's code; None where git cannot say."""
+    sha = _run(["git", "rev-parse", "HEAD"], cwd)
+    if sha is None:
+        return {"head_sha": None, "tree_dirty": None}
+    try:  # porcelain status re-reads the files, so it sees content that differs under a stale index
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                            text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {"head_sha": sha, "tree_dirty": None}
+    return {"head_sha": sha, "tree_dirty": None if st.returncode else bool(st.stdout.strip())}
+
+
 def collect_meta(backend: str) -> dict:
     import torch
 
@@ -45,8 +60,7 @@ def collect_meta(backend: str) -> dict:
     except ImportError:
         triton_version = None
     meta = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "triton": triton_version, "gpu": None, "driver": None,
-            "head_sha": _run(["git", "rev-parse", "HEAD"], Path(__file__).resolve().parent)}
+            "triton": triton_version, "gpu": None, "driver": None, **git_state(Path(__file__).resolve().parent)}
     if backend == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
