@@ -1,8 +1,9 @@
 """The CUDA GEMMs on the tile layout: build, per-M table, launcher.
 
-Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
-(`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
-picks one per M.
+Three kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
+(`mma.sync`, a TileConfig), csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig) and
+csrc/nvfp4_ws_gemm.cu (`wgmma`, warp-specialized: a producer warp streams the weights by TMA, a
+WsConfig); the table picks one per M.
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
@@ -21,7 +22,7 @@ from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "nvfp4_ws_gemm.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
@@ -82,10 +83,39 @@ class WgmmaConfig:
         return self.block_m
 
 
+# (block_m, consumers, row_blocks) instantiated in csrc/nvfp4_ws_gemm.cu (its `ws_gemm` switch)
+WS_BUILT = ((16, 2, 1), (16, 2, 2), (16, 4, 1), (16, 4, 2), (32, 2, 2), (32, 4, 1), (64, 2, 1), (64, 2, 2),
+            (64, 4, 1))
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """The warp-specialized wgmma kernel: `consumers` warpgroups decode and multiply, one producer warp
+    streams each 256-wide K group (words, scale codes, x) into shared memory; persistent CTAs."""
+    block_m: int  # rows of x per work unit: the wgmma's N
+    consumers: int = 2  # consumer warpgroups per CTA
+    row_blocks: int = 1  # 64-row blocks of W per consumer warpgroup
+
+    def __post_init__(self):
+        if (self.block_m, self.consumers, self.row_blocks) not in WS_BUILT:
+            raise ValueError(f"WsConfig: (block_m, consumers, row_blocks) "
+                             f"{(self.block_m, self.consumers, self.row_blocks)} is not built; built: {WS_BUILT}")
+
+    @property
+    def cta_rows(self) -> int:
+        return 64 * self.consumers * self.row_blocks
+
+    @property
+    def cta_m(self) -> int:
+        return self.block_m
+
+
+Config = TileConfig | WgmmaConfig | WsConfig
+
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
 # From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 07:37 UTC (lm_head 248320 x 5120:
 # every wgmma config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up).
-TABLE: tuple[tuple[int, TileConfig | WgmmaConfig], ...] = (
+TABLE: tuple[tuple[int, Config], ...] = (
     (4, TileConfig(1, 1, 4)),  # M=1: 0.174 ms (wgmma bm16: 0.212); M=4: 0.179
     (16, WgmmaConfig(16, 2, 1)),  # M=16: 0.229 ms (mma.sync 2,4,4,shared: 0.237)
     (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.366 ms (mma.sync 8,2,8,shared: 0.527)
@@ -105,17 +135,19 @@ def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
     return fastest_per_m(results, shape, make=lambda **d: config_from_dict(d))
 
 
-def config_from_dict(d: dict) -> TileConfig | WgmmaConfig:
+def config_from_dict(d: dict) -> Config:
     """A config from its `__dict__` (sweep and bench JSON)."""
+    if "consumers" in d:
+        return WsConfig(**d)
     return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
 
 
-def config_for(m: int, table=None) -> TileConfig | WgmmaConfig:
+def config_for(m: int, table=None) -> Config:
     """The table row for M rows of activations (M >= 1); the same lookup as the Triton table's."""
     return tuning.config_for(m, table or TABLE)
 
 
-def groups_per_split(m: int, n_main: int, k: int, cfg: TileConfig | WgmmaConfig, sms: int) -> int:
+def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
     """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs twice over;
     the splits divide the groups exactly, so every split has equal work."""
     ctas = -(-n_main // cfg.cta_rows) * -(-m // cfg.cta_m)
@@ -158,7 +190,7 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
 
 
 def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
-              config: TileConfig | WgmmaConfig | None = None,
+              config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132) -> torch.Tensor:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout."""
@@ -173,7 +205,10 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
-    if isinstance(cfg, WgmmaConfig):
+    if isinstance(cfg, WsConfig):
+        extension().ws_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.consumers,
+                                cfg.row_blocks, gps)
+    elif isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps)
     else:

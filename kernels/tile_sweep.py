@@ -4,17 +4,19 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, TileConfig, WgmmaConfig
+from kernels.tile_gemm import (BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, WS_BUILT, Config, TileConfig,
+                               WgmmaConfig, WsConfig)
 
 
-KINDS = ("sync", "wgmma")
+KINDS = ("sync", "wgmma", "ws")
 
 
-def candidates(m: int, kinds=KINDS) -> list[TileConfig | WgmmaConfig]:
+def candidates(m: int, kinds=KINDS) -> list[Config]:
     """mma.sync: every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
     256) and one smaller.
+    ws: every built warp-specialized config at those two block_m.
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -24,21 +26,25 @@ def candidates(m: int, kinds=KINDS) -> list[TileConfig | WgmmaConfig]:
     if "sync" in kinds:
         out += [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
                 if not (r == 4 and mt >= 4)]
+    cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
+    blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
     if "wgmma" in kinds:
-        cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
-        blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
         out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
                 if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
+    if "ws" in kinds:
+        out += [WsConfig(*b) for b in WS_BUILT if b[0] in blocks]
     return list(dict.fromkeys(out))
 
 
-def label(c: TileConfig | WgmmaConfig) -> str:
+def label(c: Config) -> str:
+    if isinstance(c, WsConfig):
+        return f"ws bm{c.block_m} cw{c.consumers} rb{c.row_blocks}"
     if isinstance(c, WgmmaConfig):
         return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 
-def correct(cfg: TileConfig, m: int) -> bool:
+def correct(cfg: Config, m: int) -> bool:
     import torch
 
     from kernels.nvfp4_gemm import random_weight, reference_gemm, relative_error

@@ -6,12 +6,12 @@
 // - A from registers: each warp of a warpgroup owns RB 16-row tiles of W, one per 64-row block (the
 //   wgmma's M). wgmma's register A fragment is, per warp, the m16n8k16 layout, so one 32-bit word
 //   still decodes into one 16-wide K step's A registers; later steps decode while earlier ones run.
-// - B from shared memory: one 64-wide K chunk of BM rows of x per stage, in the 128-byte swizzle.
-//   `x_tiles_kernel` lays x out once per call exactly as the stages hold it ([M block][chunk][BM
-//   rows][128 bytes], swizzled, rows past M zero), so a stage is ONE contiguous bulk copy (TMA,
-//   cp.async.bulk) that thread 0 issues S - 2 chunks ahead and that completes on the stage's
-//   mbarrier. One __syncthreads per chunk frees the stage two chunks back: per-stage "empty"
-//   mbarriers instead (no CTA-wide barrier) measured 4-11% slower at M = 64..256.
+// - B from shared memory: BM rows of x per stage (one 256-wide K group up to BM 64, one 64-wide
+//   chunk above), in the 128-byte swizzle. `x_tiles_kernel` lays x out once per call exactly as the
+//   stages hold it ([M block][chunk][BM rows][128 bytes], swizzled, rows past M zero), so a stage is
+//   ONE contiguous bulk copy (TMA, cp.async.bulk) that thread 0 issues S - 2 stages ahead and that
+//   completes on the stage's mbarrier. One __syncthreads per stage frees the stage two back:
+//   per-stage "empty" mbarriers instead (no CTA-wide barrier) measured 4-11% slower at M = 64..256.
 // - K order: a lane's A registers hold K positions 16t + 4i + 2h + {0,1} of the chunk (step i), where
 //   the MMA reads k = 2t + 8h + {0,1}; x_tiles_kernel puts x in that order, so B's row k is the x
 //   value A's column k multiplies (tile_gemm.py `wgmma_x_tiles` is its torch twin).
@@ -21,7 +21,8 @@
 
 #include "nvfp4_tile_decode.cuh"
 #include "nvfp4_tile_gemm.h"
-#include "wgmma_rs.cuh"
+#include "sm90_async.cuh"
+#include "wgmma_chunk.cuh"
 
 namespace {
 
@@ -29,62 +30,31 @@ using namespace tile;
 
 constexpr int kChunkBytes = 64 * 2;  // one 64-wide K chunk of one x row = one 128-byte swizzle row
 // wgmma groups a warpgroup leaves in flight after each step (1 measured 5-8% slower at M >= 64, 4
-// 12-14% slower at M = 64 and 256); at most 4, so chunk c - 2's wgmmas complete by chunk c's barrier.
+// 12-14% slower at M = 64 and 256); at most 4, so stage q - 2's wgmmas complete by stage q's barrier.
 constexpr int kInFlight = 3;
 
+// x in shared memory: S stages of CPS chunks each. Up to BM 64 a stage is one 256-wide K group
+// (CPS 4): one barrier, one bulk copy and one mbarrier wait per 16 steps instead of per 4, which cut
+// the loop from 27 to 22 instructions per step and M = 16 from 0.252 to 0.233 ms. At BM 128 and 256
+// a group of x is 64 and 128 KB: a stage stays one chunk there (group stages not measured).
 template <int BM>
-struct Stages {  // x chunks in shared memory: 4 x 32 KB at BM 256
-  static constexpr int value = BM >= 128 ? 4 : 8;
+struct Staging {
+  static constexpr int CPS = BM <= 64 ? 4 : 1;
+  static constexpr int kStageBytes = CPS * BM * kChunkBytes;
+  static constexpr int kStages = CPS == 1 ? (BM >= 128 ? 4 : 8) : (BM <= 32 ? 4 : 3);
+  static constexpr int kSmem = kStages * (kStageBytes + 8) + 1024;  // stages, mbarriers, alignment room
 };
-
-// Descriptor of a K-major B tile in the 128-byte swizzle at shared address `a` (1024-aligned but for
-// the step offset): 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset
-// is unused by swizzled K-major tiles (1 by convention).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t a) {
-  return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Ties a register to this point, so the compiler neither reads an accumulator before the wait nor
-// moves its zeroing past the first wgmma.
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// ---- mbarriers and bulk copies (PTX ISA 8.0, sm_90)
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_bytes(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n .reg .pred P1;\n WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-      " @!P1 bra WAIT;\n}" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// `bytes` from global to shared (a bulk TMA copy), completing on the mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
 
 // grid: (M blocks x CTAs over 64*RB*WGS-row blocks, K splits); the M block varies fastest, so CTAs
 // that share weights run together and the re-reads of large M come from L2.
 template <int BM, int WGS, int RB>
 __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p, int m_blocks) {
-  constexpr int S = Stages<BM>::value;
-  constexpr int kStageBytes = BM * kChunkBytes;
+  using St = Staging<BM>;
+  constexpr int S = St::kStages, kStageBytes = St::kStageBytes, CPS = St::CPS;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t xs = smem0 + ((1024 - (smem0 & 1023)) & 1023);  // the swizzle repeats every 1024 bytes
-  const uint32_t full = xs + S * kStageBytes;  // S mbarriers: stage s holds its chunk
+  const uint32_t full = xs + S * kStageBytes;  // S mbarriers: stage s holds its chunks
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -92,7 +62,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   const int mb = blockIdx.x % m_blocks, m0 = mb * BM, m_rows = min(BM, p.m - m0);
   const int chunks = p.k / 64, groups = p.k / 256;
   const int cg0 = blockIdx.y * p.groups_per_split, cg1 = min(groups, cg0 + p.groups_per_split);
-  const int c0 = 4 * cg0, c_end = 4 * cg1;
+  const unsigned n_stages = 4 * (cg1 - cg0) / CPS;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) mbar_init(full + 8 * s, 1);
@@ -100,16 +70,17 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   }
   __syncthreads();
 
-  // Thread 0: chunk c into stage (c - c0) % S.
-  const uint8_t* x_tiles = reinterpret_cast<const uint8_t*>(p.x) + (size_t)mb * chunks * kStageBytes;
-  auto issue = [&](int c) {
-    if (c >= c_end) return;
-    const int s = (c - c0) % S;
+  // Thread 0: stage q (chunks 4*cg0 + CPS*q ...) into slot q % S.
+  const uint8_t* x_tiles =
+      reinterpret_cast<const uint8_t*>(p.x) + ((size_t)mb * chunks + 4 * cg0) * BM * kChunkBytes;
+  auto issue = [&](unsigned q) {
+    if (q >= n_stages) return;
+    const unsigned s = q % S;
     mbar_expect_bytes(full + 8 * s, kStageBytes);
-    bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)c * kStageBytes, kStageBytes, full + 8 * s);
+    bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, kStageBytes, full + 8 * s);
   };
   if (tid == 0)
-    for (int c = c0; c < c0 + S - 2; ++c) issue(c);
+    for (unsigned q = 0; q < S - 2; ++q) issue(q);
 
   float acc[RB][BM / 2];
 #pragma unroll
@@ -120,15 +91,18 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
       fence_operand(acc[rb][i]);
     }
 
-  auto run = [&](const Group<RB>& gr, int cg) {
+  unsigned q = 0, slot = 0, phase = 0;  // the stage being read, its slot and mbarrier parity
+  uint64_t desc0 = 0;
+  auto run = [&](const Group<RB>& gr) {
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
-      const int c = 4 * cg + cc;
-      __syncthreads();  // every wgmma of chunk c - 2 has completed (wait<kInFlight> below)
-      if (tid == 0) issue(c + S - 2);  // into chunk c - 2's stage
-      const int s = (c - c0) % S;
-      mbar_wait(full + 8 * s, ((c - c0) / S) & 1);  // chunk c has landed
-      const uint64_t desc = sw128_desc(xs + s * kStageBytes);
+      if (cc % CPS == 0) {
+        __syncthreads();  // every wgmma of stage q - 2 has completed (wait<kInFlight> below)
+        if (tid == 0) issue(q + S - 2);  // into stage q - 2's slot
+        mbar_wait(full + 8 * slot, phase);  // stage q has landed
+        desc0 = sw128_desc(xs + slot * kStageBytes);
+      }
+      const uint64_t desc = desc0 + (cc % CPS) * (BM * kChunkBytes >> 4);
       uint32_t s_lo[RB], s_hi[RB];
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) {
@@ -136,22 +110,13 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
         s_lo[rb] = scale_pair(codes, 2 * (cc & 1));      // row g
         s_hi[rb] = scale_pair(codes, 2 * (cc & 1) + 1);  // row g + 8
       }
+      uint4 wc[RB];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        uint32_t a[RB][4];
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb) {
-          decode_word(word(gr.w[rb][cc], i), a[rb]);
-          a[rb][0] = mul_bf16x2(a[rb][0], s_lo[rb]);
-          a[rb][1] = mul_bf16x2(a[rb][1], s_hi[rb]);
-          a[rb][2] = mul_bf16x2(a[rb][2], s_lo[rb]);
-          a[rb][3] = mul_bf16x2(a[rb][3], s_hi[rb]);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb) wgmma_rs<BM>(acc[rb], a[rb], desc + 2 * i);  // +32 bytes per step
-        wgmma_commit();
-        wgmma_wait<kInFlight>();  // older steps are done: their A registers may be reused
+      for (int rb = 0; rb < RB; ++rb) wc[rb] = gr.w[rb][cc];
+      mma_chunk<BM, RB, kInFlight>(acc, wc, s_lo, s_hi, desc);
+      if (cc % CPS == CPS - 1) {
+        ++q;
+        if (++slot == S) slot = 0, phase ^= 1;
       }
     }
   };
@@ -164,10 +129,10 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   if (cg0 < cg1) fetch(buf0, cg0);
   for (int cg = cg0; cg < cg1; cg += 2) {
     if (cg + 1 < cg1) fetch(buf1, cg + 1);
-    run(buf0, cg);
+    run(buf0);
     if (cg + 1 >= cg1) break;
     if (cg + 2 < cg1) fetch(buf0, cg + 2);
-    run(buf1, cg + 1);
+    run(buf1);
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -216,7 +181,7 @@ template <int BM, int WGS, int RB>
 cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + 4 * WGS * RB - 1) / (4 * WGS * RB);
   const int m_blocks = (p.m + BM - 1) / BM;
-  const int smem = Stages<BM>::value * (BM * kChunkBytes + 8) + 1024;  // stages, mbarriers, alignment room
+  constexpr int smem = Staging<BM>::kSmem;
   auto kernel = wgmma_gemm_kernel<BM, WGS, RB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
