@@ -1,9 +1,9 @@
 """The CUDA GEMMs on the tile layout: build, per-M table, launcher.
 
-Three kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
-(`mma.sync`, a TileConfig), csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig) and
-csrc/nvfp4_ws_gemm.cu (`wgmma`, warp-specialized: a producer warp streams the weights by TMA, a
-WsConfig); the table picks one per M.
+Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
+(`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
+picks one per M. (A warp-specialized wgmma kernel, weights streamed into shared memory by a producer
+warp, was built, checked and measured slower: commit ef353bc, docs/KERNEL-NOTES.md.)
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
@@ -22,7 +22,7 @@ from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "nvfp4_ws_gemm.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
@@ -83,34 +83,7 @@ class WgmmaConfig:
         return self.block_m
 
 
-# (block_m, consumers, row_blocks) instantiated in csrc/nvfp4_ws_gemm.cu (its `ws_gemm` switch)
-WS_BUILT = ((16, 2, 1), (16, 2, 2), (16, 4, 1), (16, 4, 2), (32, 2, 2), (32, 4, 1), (64, 2, 1), (64, 2, 2),
-            (64, 4, 1))
-
-
-@dataclass(frozen=True)
-class WsConfig:
-    """The warp-specialized wgmma kernel: `consumers` warpgroups decode and multiply, one producer warp
-    streams each 256-wide K group (words, scale codes, x) into shared memory; persistent CTAs."""
-    block_m: int  # rows of x per work unit: the wgmma's N
-    consumers: int = 2  # consumer warpgroups per CTA
-    row_blocks: int = 1  # 64-row blocks of W per consumer warpgroup
-
-    def __post_init__(self):
-        if (self.block_m, self.consumers, self.row_blocks) not in WS_BUILT:
-            raise ValueError(f"WsConfig: (block_m, consumers, row_blocks) "
-                             f"{(self.block_m, self.consumers, self.row_blocks)} is not built; built: {WS_BUILT}")
-
-    @property
-    def cta_rows(self) -> int:
-        return 64 * self.consumers * self.row_blocks
-
-    @property
-    def cta_m(self) -> int:
-        return self.block_m
-
-
-Config = TileConfig | WgmmaConfig | WsConfig
+Config = TileConfig | WgmmaConfig
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
 # From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 07:37 UTC (lm_head 248320 x 5120:
@@ -137,8 +110,6 @@ def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
 
 def config_from_dict(d: dict) -> Config:
     """A config from its `__dict__` (sweep and bench JSON)."""
-    if "consumers" in d:
-        return WsConfig(**d)
     return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
 
 
@@ -205,10 +176,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
-    if isinstance(cfg, WsConfig):
-        extension().ws_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.consumers,
-                                cfg.row_blocks, gps)
-    elif isinstance(cfg, WgmmaConfig):
+    if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps)
     else:

@@ -4,11 +4,10 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import (BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, WS_BUILT, Config, TileConfig,
-                               WgmmaConfig, WsConfig)
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
-KINDS = ("sync", "wgmma", "ws")
+KINDS = ("sync", "wgmma")
 
 
 def candidates(m: int, kinds=KINDS) -> list[Config]:
@@ -16,7 +15,6 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
     256) and one smaller.
-    ws: every built warp-specialized config at those two block_m.
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -31,14 +29,10 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     if "wgmma" in kinds:
         out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
                 if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
-    if "ws" in kinds:
-        out += [WsConfig(*b) for b in WS_BUILT if b[0] in blocks]
     return list(dict.fromkeys(out))
 
 
 def label(c: Config) -> str:
-    if isinstance(c, WsConfig):
-        return f"ws bm{c.block_m} cw{c.consumers} rb{c.row_blocks}"
     if isinstance(c, WgmmaConfig):
         return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"

@@ -6,7 +6,7 @@ import json
 from kernels.sweep import run_sweep
 import pytest
 
-from kernels.tile_gemm import TileConfig, WgmmaConfig, WsConfig, config_for
+from kernels.tile_gemm import TileConfig, WgmmaConfig, config_for
 from kernels.tile_sweep import candidates, sweep
 
 
@@ -37,9 +37,7 @@ def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
         cands = candidates(m)
         sync = [c for c in cands if isinstance(c, TileConfig)]
         wgmma = [c for c in cands if isinstance(c, WgmmaConfig)]
-        ws = [c for c in cands if isinstance(c, WsConfig)]
-        assert sync and wgmma and len(sync) + len(wgmma) + len(ws) == len(cands) == len(set(cands))
-        assert ws if m <= 64 else not ws  # the warp-specialized kernel is built for block_m <= 64
+        assert sync and wgmma and len(sync) + len(wgmma) == len(cands) == len(set(cands))
         assert max(c.m_tiles for c in sync) * 8 >= min(m, 64)
         assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in sync)
         assert max(c.block_m for c in wgmma) >= min(m, 256) and {c.warpgroups for c in wgmma} == {1, 2}

@@ -36,9 +36,3 @@ cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int r
 // of the wgmma kernel, in its K order and 128-byte swizzle, rows past M zero.
 cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
                           cudaStream_t stream);
-
-// The warp-specialized wgmma kernel (nvfp4_ws_gemm.cu): the same x tiles as wgmma_gemm for block_m;
-// (block_m, consumers, row_blocks) one of WS_BUILT in kernels/tile_gemm.py (consumer warpgroups, 64-row
-// blocks of W per consumer warpgroup); persistent, so any number of units.
-cudaError_t ws_gemm(const TileGemmArgs& p, int block_m, int consumers, int row_blocks, int splits,
-                    cudaStream_t stream);

@@ -86,23 +86,10 @@ void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const to
               " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
 }
 
-void ws_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
-                 const c10::optional<torch::Tensor>& partial, double out_scale, int64_t block_m, int64_t consumers,
-                 int64_t row_blocks, int64_t groups_per_split) {
-  int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
-  const torch::Tensor tiles = x_tiles(x, block_m);  // as wgmma_gemm_out: queued before it is freed
-  p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());
-  const cudaError_t err = ws_gemm(p, (int)block_m, (int)consumers, (int)row_blocks, (int)splits, stream_of(x));
-  TORCH_CHECK(err == cudaSuccess, "ws_gemm launch failed: ", cudaGetErrorString(err), " (block_m=", block_m,
-              " consumers=", consumers, " row_blocks=", row_blocks, ")");
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
   mod.def("wgmma_gemm_out", &wgmma_gemm_out, "packed NVFP4 W4A16 wgmma GEMM into y (see nvfp4_wgmma_gemm.cu)");
-  mod.def("ws_gemm_out", &ws_gemm_out, "packed NVFP4 W4A16 warp-specialized wgmma GEMM into y (see nvfp4_ws_gemm.cu)");
   mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma kernel's shared-memory stages");
 }

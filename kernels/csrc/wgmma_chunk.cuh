@@ -1,4 +1,4 @@
-// One 64-wide K chunk of the wgmma kernels (nvfp4_wgmma_gemm.cu, nvfp4_ws_gemm.cu): the 4 16-wide
+// One 64-wide K chunk of the wgmma kernel (nvfp4_wgmma_gemm.cu): the 4 16-wide
 // steps of RB row blocks, each step's A registers decoded and scaled from one word of the lane's
 // uint4, multiplied with x's chunk (B, shared memory, descriptor `desc`) into acc: one fence and
 // one commit group per step, kInFlight groups left in flight.
