@@ -86,14 +86,14 @@ class WgmmaConfig:
 Config = TileConfig | WgmmaConfig
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
-# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 07:37 UTC (lm_head 248320 x 5120:
-# every wgmma config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up).
+# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
+# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up).
 TABLE: tuple[tuple[int, Config], ...] = (
-    (4, TileConfig(1, 1, 4)),  # M=1: 0.174 ms (wgmma bm16: 0.212); M=4: 0.179
-    (16, WgmmaConfig(16, 2, 1)),  # M=16: 0.229 ms (mma.sync 2,4,4,shared: 0.237)
-    (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.366 ms (mma.sync 8,2,8,shared: 0.527)
-    (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.559 ms
-    (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 0.979 ms (Triton: 1.29); larger M: blocks of 256
+    (4, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186
+    (16, WgmmaConfig(16, 1, 2)),  # M=16: 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,4,4,shared: 0.253)
+    (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.359 ms (bm64 wg2 rb2: 0.374)
+    (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
+    (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
 SPLIT_MAX = 16
 # The largest M the tile-layout kernels serve: every M (the wgmma kernel's last row takes M blocks
