@@ -77,8 +77,9 @@ def dequant_for_call(w: Nvfp4Weight, dtype: torch.dtype) -> torch.Tensor:
     Bit-identical to `w.dequantize(dtype)` (FP32 math, one cast), without its per-call table upload.
     """
     n, k = w.out_features, w.in_features
-    vals = _e2m1_lut(w.packed.device)[unpack_nibbles(w.packed).long()].view(n, k // BLOCK, BLOCK)
-    scale = w.block_scale.float().unsqueeze(-1) * w.global_scale
+    packed, block_scale = w.checkpoint_layout()
+    vals = _e2m1_lut(packed.device)[unpack_nibbles(packed).long()].view(n, k // BLOCK, BLOCK)
+    scale = block_scale.float().unsqueeze(-1) * w.global_scale
     return (vals * scale).view(n, k).to(dtype)
 
 

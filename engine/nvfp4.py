@@ -171,12 +171,14 @@ class Nvfp4Weight:
     weight may keep ONE resident dequantized operand in `dequant_b`. Only the lm_head loader sets it;
     every tower projection on a backend without an fp4 GEMM dequantizes into a per-call temporary.
     `kernel_operand` is the packed GEMM's repacked layout when a backend built one (its bytes count
-    in the residency table and never exceed the checkpoint's packed bytes).
+    in the residency table and never exceed the checkpoint's packed bytes). Once it holds the same
+    values, `release_checkpoint_layout` drops `packed` and `block_scale`, so the device keeps the
+    packed bytes once; `checkpoint_layout()` and `dequantize()` then rebuild them from the operand.
     """
 
     name: str  # module path, e.g. "layers.3.mlp.down_proj" (for messages and the residency table)
-    packed: torch.Tensor  # uint8 [N, K/2], element 0 in the low nibble
-    block_scale: torch.Tensor  # float8_e4m3fn [N, K/16]
+    packed: torch.Tensor | None  # uint8 [N, K/2], element 0 in the low nibble; None once released
+    block_scale: torch.Tensor | None  # float8_e4m3fn [N, K/16]; None once released
     global_scale: float  # FP32, ModelOpt convention (multiply)
     naming: str  # the checkpoint naming it came from: "modelopt" | "compressed-tensors"
     input_scale: float | None = None  # activation global scale, ModelOpt convention; W4A4 only
@@ -185,29 +187,55 @@ class Nvfp4Weight:
     kernel_operand: object | None = None
     kernel_operand_bytes: int = 0
     extra: dict = field(default_factory=dict)
+    shape: tuple[int, int] = field(init=False)  # [N, K], kept when the checkpoint layout is released
+
+    def __post_init__(self):
+        self.shape = (self.packed.shape[0], self.packed.shape[1] * 2)
 
     @property
     def out_features(self) -> int:
-        return self.packed.shape[0]
+        return self.shape[0]
 
     @property
     def in_features(self) -> int:
-        return self.packed.shape[1] * 2
+        return self.shape[1]
 
     @property
     def packed_bytes(self) -> int:
         """Checkpoint bytes: packed values + E4M3 block scales + the FP32 global scale."""
-        return self.packed.numel() + self.block_scale.numel() + 4
+        n, k = self.shape
+        return n * k // 2 + n * k // BLOCK + 4
+
+    @property
+    def checkpoint_layout_resident(self) -> bool:
+        return self.packed is not None
 
     @property
     def resident_dequant_bytes(self) -> int:
         d = self.dequant_b
         return 0 if d is None else d.numel() * d.element_size()
 
+    def checkpoint_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed, block_scale): the held tensors, or rebuilt from the kernel operand once released."""
+        if self.packed is not None:
+            return self.packed, self.block_scale
+        return self.kernel_operand.checkpoint_layout()
+
+    def release_checkpoint_layout(self) -> None:
+        """Drop `packed` and `block_scale`: the kernel operand holds the same values (it must be able
+        to give them back: a `checkpoint_layout()` method)."""
+        if not callable(getattr(self.kernel_operand, "checkpoint_layout", None)):
+            raise RuntimeError(f"{self.name}: cannot release the checkpoint layout: no kernel operand that "
+                               f"can rebuild it (found {type(self.kernel_operand).__name__})")
+        self.packed = self.block_scale = None
+
     def dequantize(self, dtype=torch.bfloat16) -> torch.Tensor:
-        return dequantize_raw(self.packed, self.block_scale, self.global_scale, dtype)
+        return dequantize_raw(*self.checkpoint_layout(), self.global_scale, dtype)
 
     def to(self, device) -> "Nvfp4Weight":
+        if self.packed is None:
+            raise RuntimeError(f"{self.name}: the checkpoint layout was released for the kernel operand on "
+                               f"its device; it cannot move to {device}")
         self.packed = self.packed.to(device)
         self.block_scale = self.block_scale.to(device)
         if self.dequant_b is not None:

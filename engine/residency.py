@@ -4,8 +4,10 @@ the model's fields (not by trusting call sites).
 - `iter_nvfp4_weights(obj)`: every Nvfp4Weight reachable through attributes, lists and dicts.
 - `census(model)`: NVFP4 weights per layer type and naming (7 per full_attention layer, 8 per
   linear_attention layer in a fully NVFP4 checkpoint), plus the lm_head.
-- `residency(model)`: per weight packed / resident-dequantized / kernel-operand bytes, and the
-  bytes one decode step reads of it (the numerator of achieved GB/s).
+- `residency(model)`: per weight packed / resident-dequantized / kernel-operand bytes, the bytes of
+  its checkpoint layout still resident (0 once a kernel operand replaced it), and the bytes one
+  decode step reads of it (the numerator of achieved GB/s). `packed_bytes` is the format's size
+  (what the checkpoint holds), whichever layout keeps it.
 """
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ def _row(lin, act_bytes: int) -> dict:
         n, k = lin.weight.shape
         dense = lin.weight.numel() * lin.weight.element_size()
         return {"name": lin.name, "class": lin.role, "format": "bf16", "n": n, "k": k, "packed_bytes": 0,
-                "dequant_bytes": dense, "kernel_operand_bytes": 0, "read_bytes_per_step": dense}
+                "checkpoint_layout_bytes": 0, "dequant_bytes": dense, "kernel_operand_bytes": 0,
+                "read_bytes_per_step": dense}
     w = lin.weight
     if lin.gemm is not None:
         read = w.kernel_operand_bytes or w.packed_bytes
@@ -72,16 +75,18 @@ def _row(lin, act_bytes: int) -> dict:
     else:  # packed in, a temporary written and read back
         read = w.packed_bytes + 2 * w.out_features * w.in_features * act_bytes
     return {"name": w.name, "class": lin.role, "format": "nvfp4", "n": w.out_features, "k": w.in_features,
-            "packed_bytes": w.packed_bytes, "dequant_bytes": w.resident_dequant_bytes,
-            "kernel_operand_bytes": w.kernel_operand_bytes, "read_bytes_per_step": read}
+            "packed_bytes": w.packed_bytes,
+            "checkpoint_layout_bytes": w.packed_bytes if w.checkpoint_layout_resident else 0,
+            "dequant_bytes": w.resident_dequant_bytes, "kernel_operand_bytes": w.kernel_operand_bytes,
+            "read_bytes_per_step": read}
 
 
-_SUMMED = ("packed_bytes", "dequant_bytes", "kernel_operand_bytes", "read_bytes_per_step")
+_SUMMED = ("packed_bytes", "checkpoint_layout_bytes", "dequant_bytes", "kernel_operand_bytes", "read_bytes_per_step")
 
 
 def _totals(rows: list[dict]) -> dict:
     t = {key: sum(r[key] for r in rows) for key in _SUMMED}
-    t["resident_bytes"] = t["packed_bytes"] + t["dequant_bytes"] + t["kernel_operand_bytes"]
+    t["resident_bytes"] = t["checkpoint_layout_bytes"] + t["dequant_bytes"] + t["kernel_operand_bytes"]
     return t
 
 

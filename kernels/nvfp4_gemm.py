@@ -7,8 +7,10 @@ Two kernels, one contract:
 - the Triton kernels (`kernels/nvfp4_triton.py`) on the checkpoint layout (`Nvfp4Weight.packed` u8
   [N, K/2], low nibble first; `block_scale` E4M3 [N, K/16]; `global_scale` FP32, ModelOpt
   convention: multiply): weights the tile layout cannot hold (K not a multiple of 256), the N % 16
-  tail rows, and every weight when the extension cannot be built (REGATE_TILE_GEMM=0 forces this).
-  The checkpoint layout therefore stays resident beside the tile operand (the references read it too).
+  tail rows (which the tile operand carries in this layout), and every weight when the extension
+  cannot be built (REGATE_TILE_GEMM=0 forces this). Where `prepare` built a tile operand it releases
+  the checkpoint layout (`Nvfp4Weight.release_checkpoint_layout`): the device keeps the packed bytes
+  once, and `Nvfp4Weight.checkpoint_layout()` rebuilds them from the operand on demand.
 
 Each kernel's algorithm per M comes from a fixed table (`kernels/tuning.py`, `tile_gemm.TABLE`);
 nothing is autotuned at call time. Every call allocates through torch's
@@ -80,6 +82,7 @@ def prepare(w: Nvfp4Weight) -> None:
     _warm(w.out_features, w.in_features, w.packed.device)
     if op is not None:
         _warm_tile(op)
+        w.release_checkpoint_layout()  # the operand holds the same bytes: keep them once
 
 
 def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
@@ -88,7 +91,7 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     from kernels import tile_gemm
 
-    if w.kernel_operand is not None and x2.shape[0] <= tile_gemm.MAX_M:
+    if w.kernel_operand is not None:  # every M (tile_gemm.MAX_M); the checkpoint layout is released
         y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=_sm_count(x.device))
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)

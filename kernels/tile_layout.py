@@ -79,6 +79,10 @@ class TileOperand:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.words, self.codes, self.tail_packed, self.tail_scale))
 
+    def checkpoint_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight back in the checkpoint layout (see `checkpoint_layout`)."""
+        return checkpoint_layout(self)
+
 
 def supported(n: int, k: int) -> str | None:
     """None when the tile layout can hold an [N, K] weight, else why not."""
@@ -107,6 +111,18 @@ def _code_table() -> torch.Tensor:
 
 
 _CODES = _code_table()
+
+
+def _magnitude_table() -> torch.Tensor:
+    """Scale code -> E4M3 magnitude byte: `_code_table` inverted (every finite magnitude has its own code)."""
+    inv = torch.full((256,), -1, dtype=torch.int32)
+    for mag, code in enumerate(_CODES.tolist()):
+        if code >= 0:
+            inv[code] = mag
+    return inv
+
+
+_MAGNITUDES = _magnitude_table()
 
 
 def scale_codes(scale_bytes: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,6 +182,46 @@ def repack(packed: torch.Tensor, block_scale: torch.Tensor, name: str = "weight"
         words[r0 // 16:r1 // 16] = _pack_words(_nibbles(packed[r0:r1], action))
         codes[r0 // 16:r1 // 16] = _pack_codes(c)
     return TileOperand(words, codes, packed[n_main:].clone(), sb[n_main:].clone(), n, k)
+
+
+def _unpack_words(words: torch.Tensor) -> torch.Tensor:
+    """`_pack_words` inverted: int32 words [RT, K/64, 32, 4] -> int32 nibbles [N_main, K]."""
+    rt, nc = words.shape[:2]
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    v = torch.zeros(rt, nc, 32, 4, 4, 2, dtype=torch.int32, device=words.device)  # ..., r, half
+    for b, (r, h, bit) in enumerate(_ROUTE):
+        v[..., r, h] |= (((w >> b) & 1) << bit).to(torch.int32)
+    v = v.view(rt, nc, 8, 4, 4, 2, 2, 2)  # rt, c, g, t, i, kh, rh, half
+    return v.permute(0, 6, 2, 1, 3, 4, 5, 7).reshape(rt * 16, nc * 64)  # rt, rh, g, c, t, i, kh, half
+
+
+def _unpack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """`_pack_codes` inverted: [RT, K/256, 32, 4, 2] -> uint8 codes [N_main, K/16]."""
+    rt, ng = codes.shape[:2]
+    v = codes.view(rt, ng, 8, 4, 4, 2)  # rt, cg, g, t, cc, h
+    return v.permute(0, 5, 2, 1, 4, 3).reshape(rt * 16, ng * 16)  # rt, h, g, cg, cc, t
+
+
+def checkpoint_layout(op: TileOperand, rows_per_step: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """`repack` inverted, on the operand's device: (packed u8 [N, K/2], block_scale E4M3 [N, K/16]).
+
+    Exact up to what repack folds: a negative scale comes back positive with its block's nibbles
+    negated, a zero scale with its block's nibbles zeroed. `dequantize_raw` of the result equals that
+    of the original bit for bit (a zero may change sign), and repacking it gives the same operand.
+    """
+    n_main, k = op.n_main, op.k
+    packed = torch.empty(op.n, k // 2, dtype=torch.uint8, device=op.words.device)
+    scale = torch.empty(op.n, k // BLOCK, dtype=torch.uint8, device=op.words.device)
+    step = max(1, rows_per_step // ROW_TILE)
+    mags = _MAGNITUDES.to(op.words.device)
+    for t0 in range(0, op.words.shape[0], step):
+        t1 = min(op.words.shape[0], t0 + step)
+        nib = _unpack_words(op.words[t0:t1]).view(-1, k // 2, 2)
+        packed[16 * t0:16 * t1] = (nib[..., 0] | (nib[..., 1] << 4)).to(torch.uint8)
+        scale[16 * t0:16 * t1] = mags[_unpack_codes(op.codes[t0:t1]).long()].to(torch.uint8)
+    packed[n_main:] = op.tail_packed
+    scale[n_main:] = op.tail_scale
+    return packed, scale.view(torch.float8_e4m3fn)
 
 
 def _bf16_bits_to_f64(bits: torch.Tensor) -> torch.Tensor:

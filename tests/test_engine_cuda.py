@@ -34,6 +34,7 @@ def test_cuda_arms_agree_and_only_the_head_is_special():
     has_gemm, _ = fp4_gemm_status("cuda")
     for w in iter_nvfp4_weights(packed.model):
         assert w.dequant_b is None or (w.name == "lm_head" and not has_gemm), w.name
+        assert w.checkpoint_layout_resident is (w.kernel_operand is None), w.name  # packed bytes held once
         assert w.keep_dequant_b is (w.name == "lm_head" and not has_gemm), w.name
 
 

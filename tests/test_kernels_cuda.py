@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from engine.nvfp4 import Nvfp4Weight, quantize
+from engine.nvfp4 import Nvfp4Weight, dequantize_raw, quantize
 from kernels import tile_layout, tuning
 from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
                                 tile_available)
@@ -94,18 +94,23 @@ def _weight(n, k, seed):
 
 def test_prepare_and_matmul_contract():
     w = _weight(520, 768, _seed())
+    packed, scale = w.packed.clone(), w.block_scale.clone()  # the reference reads the checkpoint's bytes
     prepare(w)
     assert w.kernel_operand_bytes <= w.packed_bytes
+    # a tile operand replaces the checkpoint layout on the device; it gives the same values back
+    assert w.checkpoint_layout_resident is (w.kernel_operand is None)
+    assert torch.equal(w.dequantize(torch.float32), dequantize_raw(packed, scale, w.global_scale, torch.float32))
     x = torch.randn(2, 3, 768, device="cuda").bfloat16()
     y = matmul(x, w)
     assert y.shape == (2, 3, 520) and y.dtype == torch.bfloat16
-    ref = reference_gemm(x.reshape(6, 768), w.packed, w.block_scale, w.global_scale).reshape(2, 3, 520)
+    ref = reference_gemm(x.reshape(6, 768), packed, scale, w.global_scale).reshape(2, 3, 520)
     assert relative_error(y, ref) <= MAX_REL_ERR
 
 
 @pytest.mark.parametrize("m", [1, 16, 256])
 def test_cuda_graph_capture_and_replay(m):
     w = _weight(1000, 1024, _seed())  # N and K small enough that small M takes split-K
+    packed, scale = w.packed.clone(), w.block_scale.clone()
     prepare(w)
     x = torch.randn(m, 1024, device="cuda").bfloat16()
     s = torch.cuda.Stream()
@@ -121,4 +126,4 @@ def test_cuda_graph_capture_and_replay(m):
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert relative_error(y, reference_gemm(x, w.packed, w.block_scale, w.global_scale)) <= MAX_REL_ERR
+        assert relative_error(y, reference_gemm(x, packed, scale, w.global_scale)) <= MAX_REL_ERR

@@ -165,3 +165,23 @@ def test_wgmma_config_validation_split_and_json_round_trip():
     assert tile_gemm.WgmmaConfig(64, 2, 2).cta_rows == 256
     for c in (cfg, tile_gemm.WgmmaConfig(32, 1, 2), tile_gemm.TileConfig(2, 4, 4, x_shared=True)):
         assert tile_gemm.config_from_dict(dict(c.__dict__)) == c
+
+
+def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():
+    """Back to the checkpoint layout: the same dequantized values bit for bit (negative and zero scales
+    come back folded into the nibbles), the same operand when repacked, the tail rows untouched."""
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    n, k = 16 * 5 + 7, 512
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    sb = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    sb[(sb & 0x7F) == 0x7F] = 0x38  # no NaN
+    sb[:, 0], sb[:, 1], sb[:, 2], sb[:, 3] = 0x00, 0x80, 0x03, 0x83  # +0, -0, a subnormal, a negative one
+    op = repack(packed, sb.view(torch.float8_e4m3fn))
+    p2, s2 = op.checkpoint_layout()
+    assert p2.shape == packed.shape and s2.dtype == torch.float8_e4m3fn and s2.shape == sb.shape
+    assert torch.equal(dequantize_raw(p2, s2, 0.37, torch.float32),
+                       dequantize_raw(packed, sb.view(torch.float8_e4m3fn), 0.37, torch.float32))
+    again = repack(p2, s2)
+    assert torch.equal(again.words, op.words) and torch.equal(again.codes, op.codes)
+    assert torch.equal(p2[op.n_main:], packed[op.n_main:]) and torch.equal(s2.view(torch.uint8)[op.n_main:], sb[op.n_main:])
+    assert int((s2.view(torch.uint8)[:op.n_main] & 0x80).sum()) == 0  # signs live in the nibbles now

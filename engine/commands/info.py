@@ -37,7 +37,8 @@ def print_human(report: dict) -> None:
                    f"{_mib(r['packed_bytes'])} {_mib(r['dequant_bytes'])}")
     for cls in ("head", "tower"):
         typer.echo(f"{cls:6} packed {_mib(t[cls]['packed_bytes'])}  resident dequant {_mib(t[cls]['dequant_bytes'])}"
-                   f"  kernel operand {_mib(t[cls]['kernel_operand_bytes'])}")
+                   f"  kernel operand {_mib(t[cls]['kernel_operand_bytes'])}"
+                   f"  checkpoint layout {_mib(t[cls]['checkpoint_layout_bytes'])}  resident {_mib(t[cls]['resident_bytes'])}")
     typer.echo(f"bytes read per decode step {_mib(t['bytes_per_decode_step'])}")
     for when, m in report["memory"].items():
         typer.echo(f"{when:14} peak RSS {_mib(m['peak_rss_bytes'])}  device {_mib(m['device_bytes'])}"

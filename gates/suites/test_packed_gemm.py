@@ -38,8 +38,8 @@ def random_weight(name: str, n: int, k: int, seed: int = 0) -> Nvfp4Weight:
     return Nvfp4Weight(name, packed, scale, 1.0 / 448.0, "modelopt")
 
 
-def reference(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
-    dq = dequantize_raw(w.packed, w.block_scale, w.global_scale, torch.float32)
+def reference(x: torch.Tensor, dq: torch.Tensor) -> torch.Tensor:
+    """x times the weight dequantized from the checkpoint's bytes before prepare (which may release them)."""
     return (x.double() @ dq.double().T).to(torch.bfloat16)
 
 
@@ -60,6 +60,7 @@ def test_matmul_against_reference(check, name):
 
     n, k = SHAPES[name]
     w = random_weight(name, n, k)
+    dq = dequantize_raw(w.packed, w.block_scale, w.global_scale, torch.float32)
     nvfp4_gemm.prepare(w)
     for m in MS:
         x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
@@ -67,9 +68,9 @@ def test_matmul_against_reference(check, name):
         y = nvfp4_gemm.matmul(x, w)
         check.equal((tuple(y.shape), y.dtype), ((m, n), torch.bfloat16), f"{name} M={m}: output shape, dtype")
         check(bool(torch.isfinite(y).all()), f"{name} M={m}: non-finite outputs")
-        err = relative_error(y, reference(x, w)) if y.shape == (m, n) else float("inf")
+        err = relative_error(y, reference(x, dq)) if y.shape == (m, n) else float("inf")
         check(err <= REL_TOL, f"{name} [{n}x{k}] M={m}: relative error {err:.3g} > {REL_TOL}")
-    del w
+    del w, dq
     torch.cuda.empty_cache()
 
 
@@ -77,9 +78,14 @@ def test_prepare_keeps_no_more_than_the_packed_bytes(check):
     from kernels import nvfp4_gemm
 
     w = random_weight("mlp.gate_proj", *SHAPES["mlp.gate_proj"])
+    dq = dequantize_raw(w.packed, w.block_scale, w.global_scale, torch.float32)
     nvfp4_gemm.prepare(w)
     check(w.kernel_operand_bytes <= w.packed_bytes,
           f"prepare kept {w.kernel_operand_bytes} operand bytes, more than the {w.packed_bytes} packed")
+    check(w.checkpoint_layout_resident is (w.kernel_operand is None),
+          "prepare kept the checkpoint layout beside its kernel operand: the packed bytes twice")
+    check(torch.equal(w.dequantize(torch.float32), dq),
+          "the checkpoint layout rebuilt from the kernel operand dequantizes to other values")
     check(w.dequant_b is None and not w.keep_dequant_b, "prepare must not build a dequantized operand")
 
 
