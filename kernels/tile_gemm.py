@@ -2,8 +2,9 @@
 
 Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
 (`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
-picks one per M. (A warp-specialized wgmma kernel, weights streamed into shared memory by a producer
-warp, was built, checked and measured slower: commit ef353bc, docs/KERNEL-NOTES.md.)
+picks one per M. Built, checked and measured slower, so removed (docs/KERNEL-NOTES.md): a
+warp-specialized wgmma kernel, weights streamed into shared memory by a producer warp (commit ef353bc),
+and one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784).
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
@@ -22,7 +23,7 @@ from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "nvfp4_wgmma_resident.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
@@ -58,11 +59,6 @@ class TileConfig:
 # instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
 WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
 WGMMA_MAX_BM_2_ROW_BLOCKS = 64
-# (warpgroups, row_blocks) instantiated in csrc/nvfp4_wgmma_resident.cu (block_m 16 only); K groups of
-# x one CTA holds (kMaxResidentGroups in nvfp4_tile_gemm.h: 8 KB each)
-RESIDENT_BUILT = ((2, 1), (2, 2), (3, 1), (4, 1))
-RESIDENT_MAX_GROUPS = 24
-RESIDENT_PREFETCH = 4  # K groups ahead the resident kernel prefetches weights into L2
 
 
 @dataclass(frozen=True)
@@ -70,15 +66,8 @@ class WgmmaConfig:
     block_m: int  # rows of x per CTA: the wgmma's N
     warpgroups: int = 2  # per CTA
     row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
-    resident: bool = False  # x held in shared memory by persistent CTAs (csrc/nvfp4_wgmma_resident.cu)
 
     def __post_init__(self):
-        if self.resident:
-            if self.block_m != 16 or (self.warpgroups, self.row_blocks) not in RESIDENT_BUILT:
-                raise ValueError(f"WgmmaConfig(resident=True): block_m must be 16 and (warpgroups, row_blocks) "
-                                 f"one of {RESIDENT_BUILT}; found {self.block_m}, "
-                                 f"{(self.warpgroups, self.row_blocks)}")
-            return
         if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
             raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
                              f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
@@ -140,22 +129,6 @@ def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
     return groups // splits
 
 
-def resident_grid(m: int, n_main: int, k: int, cfg: WgmmaConfig, sms: int) -> tuple[int, int]:
-    """(groups per split, persistent CTAs per split and M block) of the resident kernel: as few K
-    splits as let one CTA hold its x (at most RESIDENT_MAX_GROUPS groups), more where the units
-    (64 * row_blocks weight rows each) cannot give every warpgroup on the SMs one; then one CTA per
-    SM, shared among the splits and M blocks, never more than there are units for."""
-    groups = k // K_GROUP
-    units = -(-n_main // (ROW_TILE * 4 * cfg.row_blocks))
-    m_blocks = -(-m // cfg.block_m)
-    splits = max(-(-groups // RESIDENT_MAX_GROUPS),
-                 min(groups, SPLIT_MAX, -(-sms * cfg.warpgroups // (units * m_blocks))))
-    gps = -(-groups // splits)
-    splits = -(-groups // gps)
-    ctas = max(1, min(-(-units // cfg.warpgroups), sms // (splits * m_blocks)))
-    return gps, ctas
-
-
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled extension module (compiles on first use; raises if nvcc or ninja fails)."""
@@ -200,16 +173,11 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned rows
     cfg = config or config_for(m)
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
-    resident = isinstance(cfg, WgmmaConfig) and cfg.resident
-    gps, ctas = resident_grid(m, op.n_main, k, cfg, sms) if resident else \
-        (groups_per_split(m, op.n_main, k, cfg, sms), 0)
-    splits = -(-(k // K_GROUP) // gps)  # the resident kernel's last split may be shorter
+    gps = groups_per_split(m, op.n_main, k, cfg, sms)
+    splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
-    if resident:
-        extension().wgmma_resident_out(x, op.words, op.codes, y, partial, out_scale, cfg.warpgroups,
-                                       cfg.row_blocks, gps, ctas, RESIDENT_PREFETCH)
-    elif isinstance(cfg, WgmmaConfig):
+    if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps)
     else:

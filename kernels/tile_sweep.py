@@ -4,8 +4,7 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import (BUILT, RESIDENT_BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig,
-                               WgmmaConfig)
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
 KINDS = ("sync", "wgmma")
@@ -15,7 +14,7 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     """mma.sync: every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
-    256) and one smaller; up to M 16 also every built resident config (x held by persistent CTAs).
+    256) and one smaller.
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -30,14 +29,12 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     if "wgmma" in kinds:
         out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
                 if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
-        if m <= 16:
-            out += [WgmmaConfig(16, wg, rb, resident=True) for wg, rb in RESIDENT_BUILT]
     return list(dict.fromkeys(out))
 
 
 def label(c: Config) -> str:
     if isinstance(c, WgmmaConfig):
-        return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}{' res' if c.resident else ''}"
+        return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 

@@ -6,7 +6,7 @@ import json
 from kernels.sweep import run_sweep
 import pytest
 
-from kernels.tile_gemm import RESIDENT_BUILT, TileConfig, WgmmaConfig, config_for
+from kernels.tile_gemm import TileConfig, WgmmaConfig, config_for
 from kernels.tile_sweep import candidates, sweep
 
 
@@ -40,9 +40,7 @@ def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
         assert sync and wgmma and len(sync) + len(wgmma) == len(cands) == len(set(cands))
         assert max(c.m_tiles for c in sync) * 8 >= min(m, 64)
         assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in sync)
-        streaming = [c for c in wgmma if not c.resident]
-        assert max(c.block_m for c in streaming) >= min(m, 256) and {c.warpgroups for c in streaming} == {1, 2}
-        assert {(c.warpgroups, c.row_blocks) for c in wgmma if c.resident} == (set(RESIDENT_BUILT) if m <= 16 else set())
+        assert max(c.block_m for c in wgmma) >= min(m, 256) and {c.warpgroups for c in wgmma} == {1, 2}
 
 
 def test_tile_candidates_of_one_kind_keep_the_incumbent():

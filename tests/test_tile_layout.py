@@ -163,28 +163,8 @@ def test_wgmma_config_validation_split_and_json_round_trip():
     gps = tile_gemm.groups_per_split(64, 5120, 17408, cfg, 132)  # 40 CTAs: split K
     assert 68 % gps == 0 and 40 * (68 // gps) >= 132
     assert tile_gemm.WgmmaConfig(64, 2, 2).cta_rows == 256
-    for c in (cfg, tile_gemm.WgmmaConfig(32, 1, 2), tile_gemm.TileConfig(2, 4, 4, x_shared=True),
-              tile_gemm.WgmmaConfig(16, 4, 1, resident=True)):
+    for c in (cfg, tile_gemm.WgmmaConfig(32, 1, 2), tile_gemm.TileConfig(2, 4, 4, x_shared=True)):
         assert tile_gemm.config_from_dict(dict(c.__dict__)) == c
-
-
-def test_resident_config_and_grid():
-    with pytest.raises(ValueError, match="block_m must be 16"):
-        tile_gemm.WgmmaConfig(32, 2, 1, resident=True)
-    with pytest.raises(ValueError, match=r"\(4, 2\)"):
-        tile_gemm.WgmmaConfig(16, 4, 2, resident=True)
-    cfg = tile_gemm.WgmmaConfig(16, 4, 1, resident=True)
-    # the head: 20 groups fit one CTA, 3880 units keep every warpgroup busy: no split, one CTA per SM
-    assert tile_gemm.resident_grid(16, 248320, 5120, cfg, 132) == (20, 132)
-    # down_proj K 17408 = 68 groups: at least ceil(68 / 24) = 3 splits; 80 units cannot fill 528
-    # warpgroups, so more splits (7), each CTA under its 24 groups, the SMs shared among them
-    gps, ctas = tile_gemm.resident_grid(16, 5120, 17408, cfg, 132)
-    splits = -(-68 // gps)
-    assert gps <= tile_gemm.RESIDENT_MAX_GROUPS and splits == 7 and ctas == 132 // 7
-    # two M blocks, 65 units: 4 splits of one group, 132 // 8 CTAs each
-    assert tile_gemm.resident_grid(32, 4144, 1024, cfg, 132) == (1, 16)
-    # never more CTAs than the units need (17 units, 2 warpgroups a CTA)
-    assert tile_gemm.resident_grid(1, 16 * 4 * 17, 256, tile_gemm.WgmmaConfig(16, 2, 1, resident=True), 132) == (1, 9)
 
 
 def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():

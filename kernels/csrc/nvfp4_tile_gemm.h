@@ -36,10 +36,3 @@ cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int r
 // of the wgmma kernel, in its K order and 128-byte swizzle, rows past M zero.
 cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
                           cudaStream_t stream);
-
-// The wgmma kernel with x resident in shared memory (nvfp4_wgmma_resident.cu), block_m 16: p.x laid out
-// by wgmma_x_tiles at block_m 16; `ctas` persistent CTAs per (K split, M block), (warpgroups, row_blocks)
-// in {(2, 1), (2, 2), (3, 1), (4, 1)}; p.groups_per_split <= kMaxResidentGroups (x of one split: 8 KB per group).
-constexpr int kMaxResidentGroups = 24;
-cudaError_t wgmma_resident_gemm(const TileGemmArgs& p, int warpgroups, int row_blocks, int ctas, int splits,
-                                int prefetch, cudaStream_t stream);

@@ -86,28 +86,10 @@ void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const to
               " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
 }
 
-void wgmma_resident_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
-                       const c10::optional<torch::Tensor>& partial, double out_scale, int64_t warpgroups,
-                       int64_t row_blocks, int64_t groups_per_split, int64_t ctas, int64_t prefetch) {
-  int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
-  check(groups_per_split <= kMaxResidentGroups, "the resident wgmma kernel holds at most " +
-                                                    std::to_string(kMaxResidentGroups) + " K groups per split");
-  check(ctas >= 1, "ctas must be >= 1");
-  const torch::Tensor tiles = x_tiles(x, 16);
-  p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());
-  const cudaError_t err = wgmma_resident_gemm(p, (int)warpgroups, (int)row_blocks, (int)ctas, (int)splits,
-                                              (int)prefetch, stream_of(x));
-  TORCH_CHECK(err == cudaSuccess, "wgmma_resident_gemm launch failed: ", cudaGetErrorString(err),
-              " (warpgroups=", warpgroups, " row_blocks=", row_blocks, " ctas=", ctas, ")");
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
   mod.def("wgmma_gemm_out", &wgmma_gemm_out, "packed NVFP4 W4A16 wgmma GEMM into y (see nvfp4_wgmma_gemm.cu)");
-  mod.def("wgmma_resident_out", &wgmma_resident_out,
-          "packed NVFP4 W4A16 wgmma GEMM, x resident in shared memory, into y (see nvfp4_wgmma_resident.cu)");
   mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma kernel's shared-memory stages");
 }
