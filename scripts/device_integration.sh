@@ -12,6 +12,8 @@
 #   twobox   (2 GPUs) a Ray cluster of two boxes, one GPU and one lock each; two heads gated
 #            concurrently, each pinned to the box it was sent to; box gpu0's gate also runs the grid
 # Usage: bash scripts/device_integration.sh setup cudatest synth arms bench grid gate
+# The wheels: `bash ../shared/tools/device-wheels.sh croniter python-dateutil pytz six` (the box lacks
+# croniter, which orchestrator/schedule.py imports; without it cudatest fails at collection), carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
