@@ -88,9 +88,11 @@ Config = TileConfig | WgmmaConfig
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
 # From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
-# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up).
+# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up). The M <= 8 row
+# from the 2026-12-02 01:4x UTC sweep at M 8 and 12 (head shape): M=8 mma.sync 0.195 ms against the
+# wgmma row's 0.214; at M=12 the wgmma row stays (0.231; its best rival, bm16 wg2 rb1, 0.229).
 TABLE: tuple[tuple[int, Config], ...] = (
-    (4, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186
+    (8, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186; M=8: 0.195
     (16, WgmmaConfig(16, 1, 2)),  # M=16: 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,4,4,shared: 0.253)
     (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.359 ms (bm64 wg2 rb2: 0.374)
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
