@@ -1,7 +1,7 @@
 """Packed NVFP4 W4A16 GEMM: y[M, N] = x[M, K] @ dequant(W)^T, BF16 out, FP32 accumulate.
 
 Two kernels, one contract:
-- the CUDA GEMMs on the tile layout (`kernels/tile_gemm.py`, csrc/: mma.sync for M <= 4, Hopper
+- the CUDA GEMMs on the tile layout (`kernels/tile_gemm.py`, csrc/: mma.sync for M <= 8, Hopper
   wgmma above): `prepare` repacks W once into the tile layout (`kernels/tile_layout.py`; exactly
   the checkpoint's bytes) and `matmul` runs them at every M. The fast path.
 - the Triton kernels (`kernels/nvfp4_triton.py`) on the checkpoint layout (`Nvfp4Weight.packed` u8
