@@ -132,10 +132,9 @@ def bench_row(name: str, n: int, k: int, m: int, read_gbps: float) -> dict:
     from kernels.nvfp4_gemm import tile_available
     from kernels.tile_layout import supported
 
-    tile_ok = tile_available()[0] and supported(n, k) is None
-    tile = tile_ok and m <= tile_gemm.MAX_M  # what nvfp4_gemm.matmul serves this call with
+    tile = tile_available()[0] and supported(n, k) is None  # what nvfp4_gemm.matmul serves: tile at every M
     triton_ms = time_packed(n, k, m)
-    tile_ms = time_tile(n, k, m) if tile_ok else None
+    tile_ms = time_tile(n, k, m) if tile else None
     ours = tile_ms if tile else triton_ms
     cublas, tiny = time_cublas(n, k, m), time_tinygemm(n, k, m)
     return {"shape": name, "n": n, "k": k, "m": m, "packed_bytes": packed_bytes, "kernel": "tile" if tile else "triton",

@@ -91,7 +91,7 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     from kernels import tile_gemm
 
-    if w.kernel_operand is not None:  # every M (tile_gemm.MAX_M); the checkpoint layout is released
+    if w.kernel_operand is not None:  # every M; the checkpoint layout is released
         y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=_sm_count(x.device))
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
@@ -103,7 +103,7 @@ def _warm_tile(op) -> None:
     from kernels import tile_gemm
 
     for max_m, _ in tile_gemm.TABLE:
-        m = min(max_m, tile_gemm.MAX_M, 256)
+        m = min(max_m, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
                             sms=_sm_count(op.words.device))
 

@@ -99,9 +99,8 @@ TABLE: tuple[tuple[int, Config], ...] = (
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
 SPLIT_MAX = 16
-# The largest M the tile-layout kernels serve: every M (the wgmma kernel's last row takes M blocks
-# of 256); the Triton kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
-MAX_M = 1 << 62
+# The tile-layout kernels serve every M (the last row takes M blocks of 256); the Triton kernels
+# serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
 
 def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
