@@ -1,0 +1,141 @@
+// Experiment (not a product file): how fast chained wgmma m64nNk16 (BF16, FP32 accumulate) runs on one
+// SM, with A from registers (RS) or shared memory (SS), 1-4 warpgroups per SM, 3 groups in flight.
+// MODE 0: RS, A constant, no fence per step; 1: RS, fence per step; 2: RS, A decoded + scaled per
+// step from a weight word (the GEMM kernel's 12 instructions) then fence; 3: SS; 4: as 2, but step
+// i + 1 decoded before step i's wgmma is issued; 5: as 2, every 16 steps a __syncthreads;
+// 6: as 2 without the 4 scale multiplies; 7: as 2, the whole chunk (4 steps) decoded first;
+// 8: as 2 with a decode of one ALU instruction fewer (a shift as a multiply); 9: 8 without the multiplies.
+// Prints one row per config: cycles per wgmma per SM against the N/2 of dense peak, TFLOP/s, clock.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+#include <algorithm>
+
+#include "nvfp4_tile_decode.cuh"
+#include "sm90_async.cuh"
+#include "wgmma_rs.cuh"
+#include "probe_wgmma_ss.cuh"
+
+using namespace tile;
+
+template <int N, int MODE, int WG>
+__global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsrc, long long* cycles, float* sink) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = (1024 - (s0 & 1023)) & 1023;
+  uint8_t* base = smem_raw + pad;
+  const uint32_t xs = s0 + pad;                   // B: 4 chunks of N rows x 128 B
+  const uint32_t as = xs + 4 * N * 128;           // A (SS): 4 chunks of 64 rows x 128 B
+  for (int i = threadIdx.x; i < (4 * N * 128 + 4 * 64 * 128) / 2; i += blockDim.x) {
+    uint32_t h = i * 2654435761u;
+    reinterpret_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16(((h >> 16) & 255) / 128.f - 1.f);
+  }
+  __syncthreads();
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) { acc[i] = 0.f; fence_operand(acc[i]); }
+  const uint4 w = wsrc[threadIdx.x];
+  const uint32_t s_lo = scale_pair(0x40404040u, 0), s_hi = scale_pair(0x40404040u, 1);
+  uint32_t a[4];
+  decode_word(w.x, a);
+  const uint64_t db = sw128_desc(xs), da = sw128_desc(as);
+  wgmma_fence();
+  const long long t0 = clock64();
+  auto decode = [&](uint32_t (&r)[4], int i, int it) {
+    const uint32_t q = word(w, i) ^ it;
+    if constexpr (MODE >= 8) {  // one shift on the FMA pipe (multiply), one rotation, the multiply trick
+      r[0] = q & kBf16Mask;
+      r[1] = (q & (kBf16Mask >> 4)) * 16u;
+      r[2] = rotr(q, 6) & kBf16Mask;
+      r[3] = ((q & 0x06030603u) * 0xA0u) & kBf16Mask;
+    } else {
+      decode_word(q, r);
+    }
+    if constexpr (MODE != 6 && MODE != 9) {
+      r[0] = mul_bf16x2(r[0], s_lo); r[1] = mul_bf16x2(r[1], s_hi);
+      r[2] = mul_bf16x2(r[2], s_lo); r[3] = mul_bf16x2(r[3], s_hi);
+    }
+  };
+  uint32_t nxt[4];
+  if constexpr (MODE == 4) decode(nxt, 0, 0);
+  for (int it = 0; it < iters; ++it) {
+    if constexpr (MODE == 5) if ((it & 3) == 0) __syncthreads();
+    uint32_t ch[4][4];
+    if constexpr (MODE == 7) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) decode(ch[i], i, it);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t desc = db + (it & 3) * (N * 128 >> 4) + 2 * i;
+      if constexpr (MODE == 2 || MODE == 5 || MODE == 6 || MODE == 8 || MODE == 9) decode(a, i, it);
+      if constexpr (MODE == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = nxt[j];
+        decode(nxt, (i + 1) & 3, it + (i == 3));
+      }
+      if constexpr (MODE >= 1) wgmma_fence();
+      if constexpr (MODE == 3) wgmma_ss<N>(acc, da + (it & 3) * (64 * 128 >> 4) + 2 * i, desc);
+      else if constexpr (MODE == 7) wgmma_rs<N>(acc, ch[i], desc);
+      else wgmma_rs<N>(acc, a, desc);
+      wgmma_commit();
+      wgmma_wait<3>();
+    }
+  }
+  wgmma_wait<0>();
+  const long long t1 = clock64();
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) { fence_operand(acc[i]); s += acc[i]; }
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  if ((threadIdx.x & 31) == 0) cycles[blockIdx.x * WG * 4 + threadIdx.x / 32] = t1 - t0;
+}
+
+template <int N, int MODE, int WG, int CPS = 1>
+void run(int sms0, const uint4* w, long long* cyc, float* sink) {
+  auto k = chain<N, MODE, WG>;
+  const int kSmem = CPS == 1 ? 200 * 1024 : 100 * 1024, sms = sms0 * CPS;  // CPS CTAs per SM
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const int iters = 2048 * 64 / N;  // ~same FLOPs per warpgroup for every N
+  k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink);  // warm-up
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0); cudaEventCreate(&e1);
+  const int reps = 10;
+  cudaEventRecord(e0);
+  for (int r = 0; r < reps; ++r) k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0; cudaEventElapsedTime(&ms, e0, e1); ms /= reps;
+  cudaError_t err = cudaGetLastError();
+  std::vector<long long> c(sms * WG * 4);
+  cudaMemcpy(c.data(), cyc, c.size() * 8, cudaMemcpyDeviceToHost);
+  std::sort(c.begin(), c.end());
+  const double wgmmas = 4.0 * iters * WG * CPS;  // per SM
+  const double cpw = c[c.size() / 2] / wgmmas, flop = 2.0 * 64 * N * 16 * wgmmas * sms;
+  printf("{\"n\": %d, \"mode\": %d, \"ctas_per_sm\": %d, \"wg\": %d, \"cycles_per_wgmma\": %.2f, \"ideal\": %d, \"eff\": %.3f, "
+         "\"tflops\": %.1f, \"ghz\": %.3f, \"ms\": %.4f, \"err\": \"%s\"}\n",
+         N, MODE, CPS, WG, cpw, N / 2, (N / 2) / cpw, flop / ms / 1e9, c[c.size() / 2] / (ms * 1e6), ms,
+         cudaGetErrorString(err));
+}
+
+template <int N, int WG, int CPS>
+void modes(int sms, const uint4* w, long long* cyc, float* sink) {
+  run<N, 2, WG, CPS>(sms, w, cyc, sink); run<N, 6, WG, CPS>(sms, w, cyc, sink);
+  run<N, 8, WG, CPS>(sms, w, cyc, sink); run<N, 9, WG, CPS>(sms, w, cyc, sink);
+  run<N, 2, WG, CPS>(sms, w, cyc, sink); run<N, 8, WG, CPS>(sms, w, cyc, sink);
+}
+
+int main() {
+  int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  uint4* w; long long* cyc; float* sink;
+  cudaMalloc(&w, 512 * 16); cudaMalloc(&cyc, sms * 16 * 8); cudaMalloc(&sink, sms * 512 * 4);
+  std::vector<uint32_t> h(512 * 4);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
+  cudaMemcpy(w, h.data(), 512 * 16, cudaMemcpyHostToDevice);
+  modes<16, 2, 1>(sms, w, cyc, sink); modes<16, 4, 1>(sms, w, cyc, sink); modes<16, 1, 2>(sms, w, cyc, sink);
+  modes<16, 2, 2>(sms, w, cyc, sink);
+  modes<64, 2, 1>(sms, w, cyc, sink); modes<64, 4, 1>(sms, w, cyc, sink); modes<64, 2, 2>(sms, w, cyc, sink);
+  return 0;
+}
