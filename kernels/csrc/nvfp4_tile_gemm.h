@@ -14,7 +14,6 @@ struct TileGemmArgs {
   long ldx, ldy;
   int m, k, row_tiles, groups_per_split;
   float out_scale;  // global_scale * 2^19
-  int probe = 0;  // PROBE bits (experiment build)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

@@ -47,7 +47,7 @@ struct Staging {
 
 // grid: (M blocks x CTAs over 64*RB*WGS-row blocks, K splits); the M block varies fastest, so CTAs
 // that share weights run together and the re-reads of large M come from L2.
-template <int BM, int WGS, int RB, int NB>
+template <int BM, int WGS, int RB>
 __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p, int m_blocks) {
   using St = Staging<BM>;
   constexpr int S = St::kStages, kStageBytes = St::kStageBytes, CPS = St::CPS;
@@ -76,9 +76,8 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   auto issue = [&](unsigned q) {
     if (q >= n_stages) return;
     const unsigned s = q % S;
-    const int bytes = (p.probe & 1) && q >= S ? 16 : kStageBytes;  // PROBE: no x traffic after the first S stages
-    mbar_expect_bytes(full + 8 * s, bytes);
-    bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, bytes, full + 8 * s);
+    mbar_expect_bytes(full + 8 * s, kStageBytes);
+    bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, kStageBytes, full + 8 * s);
   };
   if (tid == 0)
     for (unsigned q = 0; q < S - 2; ++q) issue(q);
@@ -93,12 +92,11 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     }
 
   unsigned q = 0, slot = 0, phase = 0;  // the stage being read, its slot and mbarrier parity
-  uint64_t desc0 = sw128_desc(xs);
-  if (p.probe & 8) mbar_wait(full, 0);
+  uint64_t desc0 = 0;
   auto run = [&](const Group<RB>& gr) {
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) {
-      if (cc % CPS == 0 && !(p.probe & 8)) {  // PROBE bit 8: no x pipeline after stage 0
+      if (cc % CPS == 0) {
         __syncthreads();  // every wgmma of stage q - 2 has completed (wait<kInFlight> below)
         if (tid == 0) issue(q + S - 2);  // into stage q - 2's slot
         mbar_wait(full + 8 * slot, phase);  // stage q has landed
@@ -123,22 +121,18 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     }
   };
 
-  // PROBE: NB weight buffers (prefetch distance NB - 1 groups); probe bit 2: weights from cache.
-  Group<RB> buf[NB];
+  // Ping-pong: group cg+1's weights are in flight (registers) while group cg multiplies.
+  Group<RB> buf0, buf1;
   auto fetch = [&](Group<RB>& gr, int cg) {
-    if ((p.probe & 16) && cg >= cg0 + NB) return;  // PROBE bit 16: no weight loads after the first NB groups
-    load_group<RB>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, (p.probe & 2) ? cg0 : cg, lane);
+    load_group<RB>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);  // clamped past the last tile
   };
-#pragma unroll
-  for (int j = 0; j < NB - 1; ++j)
-    if (cg0 + j < cg1) fetch(buf[j], cg0 + j);
-  for (int cg = cg0; cg < cg1; cg += NB) {
-#pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      if (cg + j >= cg1) break;
-      if (cg + j + NB - 1 < cg1) fetch(buf[(j + NB - 1) % NB], cg + j + NB - 1);
-      run(buf[j]);
-    }
+  if (cg0 < cg1) fetch(buf0, cg0);
+  for (int cg = cg0; cg < cg1; cg += 2) {
+    if (cg + 1 < cg1) fetch(buf1, cg + 1);
+    run(buf0);
+    if (cg + 1 >= cg1) break;
+    if (cg + 2 < cg1) fetch(buf0, cg + 2);
+    run(buf1);
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -183,23 +177,16 @@ __global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, i
   out[idx] = v;
 }
 
-template <int BM, int WGS, int RB, int NB>
-cudaError_t launch_nb(const TileGemmArgs& p, int splits, cudaStream_t stream) {
+template <int BM, int WGS, int RB>
+cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + 4 * WGS * RB - 1) / (4 * WGS * RB);
   const int m_blocks = (p.m + BM - 1) / BM;
   constexpr int smem = Staging<BM>::kSmem;
-  auto kernel = wgmma_gemm_kernel<BM, WGS, RB, NB>;
+  auto kernel = wgmma_gemm_kernel<BM, WGS, RB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   kernel<<<dim3(ctas * m_blocks, splits), WGS * 128, smem, stream>>>(p, m_blocks);
   return cudaGetLastError();
-}
-
-template <int BM, int WGS, int RB>
-cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
-  if constexpr (BM == 16 || BM == 64)
-    if (p.probe & 4) return launch_nb<BM, WGS, RB, 3>(p, splits, stream);
-  return launch_nb<BM, WGS, RB, 2>(p, splits, stream);
 }
 
 template <int BM, int RB>

@@ -2,7 +2,6 @@
 // then one launch on the current CUDA stream (so it records into CUDA graphs like any torch op).
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <cstdlib>
 
 #include "nvfp4_tile_gemm.h"
 
@@ -80,7 +79,6 @@ void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const to
                     int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
-  if (const char* e = std::getenv("REGATE_PROBE")) p.probe = std::atoi(e);  // PROBE
   const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
   const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
