@@ -7,6 +7,7 @@
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
 #   ncu    Nsight Compute on the head GEMM (NCU_M rows): speed of light + memory workload
+#   rsprobe  the wgmma chain microbenchmark (scripts/probe_wgmma_rs.cu): JSON lines to $OUT/rsprobe.jsonl
 # Logs go to $OUT/<stage>.log (or ./device-out when OUT is unset).
 # Usage: bash scripts/device_kernels.sh test sweep bench ncu
 set -uo pipefail
@@ -40,6 +41,11 @@ stage_tune() {  # sweep, then bench with the sweep's fastest configs (copy them 
   $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
     --sweep-out "$OUT/sweep.json" | grep -v '^{'
   $PY -m kernels.bench --table-from "$OUT/sweep.json"
+}
+stage_rsprobe() {
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc -o /tmp/probe_wgmma_rs \
+    scripts/probe_wgmma_rs.cu 2>&1 | grep -v C7519
+  /tmp/probe_wgmma_rs | tee "$OUT/rsprobe.jsonl"
 }
 stage_ncu() {  # NCU_M rows; NCU_CFG a config's JSON, e.g. '{"block_m": 64}' (default: the table's)
   ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemm_kernel}" --launch-skip 3 --launch-count 1 \

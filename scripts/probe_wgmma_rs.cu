@@ -1,11 +1,15 @@
-// Experiment (not a product file): how fast chained wgmma m64nNk16 (BF16, FP32 accumulate) runs on one
-// SM, with A from registers (RS) or shared memory (SS), 1-4 warpgroups per SM, 3 groups in flight.
-// MODE 0: RS, A constant, no fence per step; 1: RS, fence per step; 2: RS, A decoded + scaled per
-// step from a weight word (the GEMM kernel's 12 instructions) then fence; 3: SS; 4: as 2, but step
-// i + 1 decoded before step i's wgmma is issued; 5: as 2, every 16 steps a __syncthreads;
-// 6: as 2 without the 4 scale multiplies; 7: as 2, the whole chunk (4 steps) decoded first;
-// 8: as 2 with a decode of one ALU instruction fewer (a shift as a multiply); 9: 8 without the multiplies.
-// Prints one row per config: cycles per wgmma per SM against the N/2 of dense peak, TFLOP/s, clock.
+// Microbenchmark (an experiment tool, not part of the GEMM): how fast chained wgmma m64nNk16 (BF16,
+// FP32 accumulate) runs on each SM, with A from registers (RS) or shared memory (SS), 1-4 warpgroups
+// per SM as 1 or 2 CTAs, 3 groups in flight, no global memory traffic. It bounds what the packed GEMM's
+// wgmma kernel (kernels/csrc/nvfp4_wgmma_gemm.cu) can reach once its weights are in registers.
+// MODE 0: RS, A constant, no fence per step; 1: RS, fence per step; 2: RS, A decoded and scaled per
+// step from a weight word with the GEMM's decode (8 integer instructions + 4 bf16x2 multiplies), then
+// fence (the GEMM's step); 3: SS; 5: as 2 with a __syncthreads every 16 steps (the GEMM's x stage);
+// 6: as 2 without the 4 scale multiplies (not a correct GEMM: their cost); 7: as 2 with a chunk's 4
+// steps decoded before its first wgmma.
+// Build and run: `bash scripts/device_kernels.sh rsprobe` (nvcc, sm_90a). One JSON line per config:
+// cycles per wgmma per SM (clock64, the median warp) against the N/2 of the dense BF16 peak.
+// SS wrappers: scripts/probe_wgmma_ss.cuh, written by scripts/gen_probe_wgmma_ss.py.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -44,22 +48,12 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
   wgmma_fence();
   const long long t0 = clock64();
   auto decode = [&](uint32_t (&r)[4], int i, int it) {
-    const uint32_t q = word(w, i) ^ it;
-    if constexpr (MODE >= 8) {  // one shift on the FMA pipe (multiply), one rotation, the multiply trick
-      r[0] = q & kBf16Mask;
-      r[1] = (q & (kBf16Mask >> 4)) * 16u;
-      r[2] = rotr(q, 6) & kBf16Mask;
-      r[3] = ((q & 0x06030603u) * 0xA0u) & kBf16Mask;
-    } else {
-      decode_word(q, r);
-    }
-    if constexpr (MODE != 6 && MODE != 9) {
+    decode_word(word(w, i) ^ it, r);  // ^ it: a fresh word every step, as the GEMM's are
+    if constexpr (MODE != 6) {
       r[0] = mul_bf16x2(r[0], s_lo); r[1] = mul_bf16x2(r[1], s_hi);
       r[2] = mul_bf16x2(r[2], s_lo); r[3] = mul_bf16x2(r[3], s_hi);
     }
   };
-  uint32_t nxt[4];
-  if constexpr (MODE == 4) decode(nxt, 0, 0);
   for (int it = 0; it < iters; ++it) {
     if constexpr (MODE == 5) if ((it & 3) == 0) __syncthreads();
     uint32_t ch[4][4];
@@ -70,12 +64,7 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint64_t desc = db + (it & 3) * (N * 128 >> 4) + 2 * i;
-      if constexpr (MODE == 2 || MODE == 5 || MODE == 6 || MODE == 8 || MODE == 9) decode(a, i, it);
-      if constexpr (MODE == 4) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = nxt[j];
-        decode(nxt, (i + 1) & 3, it + (i == 3));
-      }
+      if constexpr (MODE == 2 || MODE == 5 || MODE == 6) decode(a, i, it);
       if constexpr (MODE >= 1) wgmma_fence();
       if constexpr (MODE == 3) wgmma_ss<N>(acc, da + (it & 3) * (64 * 128 >> 4) + 2 * i, desc);
       else if constexpr (MODE == 7) wgmma_rs<N>(acc, ch[i], desc);
@@ -113,7 +102,7 @@ void run(int sms0, const uint4* w, long long* cyc, float* sink) {
   cudaMemcpy(c.data(), cyc, c.size() * 8, cudaMemcpyDeviceToHost);
   std::sort(c.begin(), c.end());
   const double wgmmas = 4.0 * iters * WG * CPS;  // per SM
-  const double cpw = c[c.size() / 2] / wgmmas, flop = 2.0 * 64 * N * 16 * wgmmas * sms;
+  const double cpw = c[c.size() / 2] / wgmmas, flop = 2.0 * 64 * N * 16 * wgmmas * sms0;
   printf("{\"n\": %d, \"mode\": %d, \"ctas_per_sm\": %d, \"wg\": %d, \"cycles_per_wgmma\": %.2f, \"ideal\": %d, \"eff\": %.3f, "
          "\"tflops\": %.1f, \"ghz\": %.3f, \"ms\": %.4f, \"err\": \"%s\"}\n",
          N, MODE, CPS, WG, cpw, N / 2, (N / 2) / cpw, flop / ms / 1e9, c[c.size() / 2] / (ms * 1e6), ms,
@@ -122,9 +111,12 @@ void run(int sms0, const uint4* w, long long* cyc, float* sink) {
 
 template <int N, int WG, int CPS>
 void modes(int sms, const uint4* w, long long* cyc, float* sink) {
-  run<N, 2, WG, CPS>(sms, w, cyc, sink); run<N, 6, WG, CPS>(sms, w, cyc, sink);
-  run<N, 8, WG, CPS>(sms, w, cyc, sink); run<N, 9, WG, CPS>(sms, w, cyc, sink);
-  run<N, 2, WG, CPS>(sms, w, cyc, sink); run<N, 8, WG, CPS>(sms, w, cyc, sink);
+  run<N, 0, WG, CPS>(sms, w, cyc, sink); run<N, 1, WG, CPS>(sms, w, cyc, sink);
+  run<N, 2, WG, CPS>(sms, w, cyc, sink); run<N, 3, WG, CPS>(sms, w, cyc, sink);
+  if constexpr (N <= 64) {
+    run<N, 5, WG, CPS>(sms, w, cyc, sink); run<N, 6, WG, CPS>(sms, w, cyc, sink);
+    run<N, 7, WG, CPS>(sms, w, cyc, sink);
+  }
 }
 
 int main() {
@@ -134,8 +126,11 @@ int main() {
   std::vector<uint32_t> h(512 * 4);
   for (size_t i = 0; i < h.size(); ++i) h[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
   cudaMemcpy(w, h.data(), 512 * 16, cudaMemcpyHostToDevice);
-  modes<16, 2, 1>(sms, w, cyc, sink); modes<16, 4, 1>(sms, w, cyc, sink); modes<16, 1, 2>(sms, w, cyc, sink);
-  modes<16, 2, 2>(sms, w, cyc, sink);
-  modes<64, 2, 1>(sms, w, cyc, sink); modes<64, 4, 1>(sms, w, cyc, sink); modes<64, 2, 2>(sms, w, cyc, sink);
+  // (warpgroups per CTA, CTAs per SM): the GEMM table's M=16 row runs 3 CTAs of 1, its M=64 row 2 of 2
+  modes<16, 1, 1>(sms, w, cyc, sink); modes<16, 2, 1>(sms, w, cyc, sink); modes<16, 4, 1>(sms, w, cyc, sink);
+  modes<16, 1, 2>(sms, w, cyc, sink); modes<16, 2, 2>(sms, w, cyc, sink);
+  modes<64, 1, 1>(sms, w, cyc, sink); modes<64, 2, 1>(sms, w, cyc, sink); modes<64, 4, 1>(sms, w, cyc, sink);
+  modes<64, 2, 2>(sms, w, cyc, sink);
+  modes<256, 1, 1>(sms, w, cyc, sink); modes<256, 2, 1>(sms, w, cyc, sink);
   return 0;
 }
