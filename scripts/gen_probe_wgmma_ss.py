@@ -1,13 +1,17 @@
 """Writes scripts/probe_wgmma_ss.cuh: `wgmma_ss<N>` (A and B from shared memory) for the microbenchmark
 scripts/probe_wgmma_rs.cu. Usage: python scripts/gen_probe_wgmma_ss.py > scripts/probe_wgmma_ss.cuh"""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "csrc"))
+from gen_wgmma_rs import accumulators  # noqa: E402  (the RS wrappers' generator: same accumulator lists)
+
 WIDTHS = (16, 64, 256)
 
 
 def wrapper(n: int) -> str:
-    acc = n // 2
-    d = ", ".join(f"%{i}" for i in range(acc))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
+    acc, d, outs = accumulators(n)
     return f"""
 template <>
 __device__ __forceinline__ void wgmma_ss<{n}>(float (&d)[{acc}], uint64_t desc_a, uint64_t desc_b) {{

@@ -10,10 +10,14 @@ from __future__ import annotations
 WIDTHS = (16, 32, 64, 128, 256)
 
 
-def wrapper(n: int) -> str:
+def accumulators(n: int) -> tuple[int, str, str]:
+    """(count, the PTX operand list, the asm output constraints) of an m64nNk16 FP32 accumulator."""
     acc = n // 2
-    d = ", ".join(f"%{i}" for i in range(acc))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
+    return acc, ", ".join(f"%{i}" for i in range(acc)), ", ".join(f'"+f"(d[{i}])' for i in range(acc))
+
+
+def wrapper(n: int) -> str:
+    acc, d, outs = accumulators(n)
     a = ", ".join(f"%{acc + i}" for i in range(4))
     return f"""
 template <>
