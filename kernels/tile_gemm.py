@@ -1,9 +1,8 @@
 """The CUDA GEMMs on the tile layout: build, per-M table, launcher.
 
-Three kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
-(`mma.sync`, a TileConfig), csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma` with W as the register A
-operand, a WgmmaConfig) and csrc/nvfp4_wide_gemm.cu (`wgmma` with x as the register A operand and W
-decoded into shared memory as a 256-wide B, a WideConfig); the table picks one per M. Built, checked and measured slower, so removed (docs/KERNEL-NOTES.md): a
+Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
+(`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
+picks one per M. Built, checked and measured slower, so removed (docs/KERNEL-NOTES.md): a
 warp-specialized wgmma kernel, weights streamed into shared memory by a producer warp (commit ef353bc),
 and one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784).
 
@@ -24,7 +23,7 @@ from kernels import tuning
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "nvfp4_wide_gemm.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
@@ -85,22 +84,7 @@ class WgmmaConfig:
         return self.block_m
 
 
-WIDE_PREFETCH = (0, 1, 2, 3, 4, 5, 6, 7)  # instantiated in csrc/nvfp4_wide_gemm.cu
-
-
-@dataclass(frozen=True)
-class WideConfig:
-    prefetch_groups: int = 0  # K groups of weights warmed in L2 ahead of the register loads (0: off)
-
-    def __post_init__(self):
-        if self.prefetch_groups not in WIDE_PREFETCH:
-            raise ValueError(f"WideConfig.prefetch_groups: expected one of {WIDE_PREFETCH}, found {self.prefetch_groups}")
-
-    cta_rows = 256  # the wgmma's N
-    cta_m = 64  # the wgmma's M: rows of x per CTA
-
-
-Config = TileConfig | WgmmaConfig | WideConfig
+Config = TileConfig | WgmmaConfig
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
 # From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
@@ -128,8 +112,6 @@ def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
 
 def config_from_dict(d: dict) -> Config:
     """A config from its `__dict__` (sweep and bench JSON)."""
-    if "prefetch_groups" in d:
-        return WideConfig(**d)
     return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
 
 
@@ -172,15 +154,6 @@ def wgmma_x_tiles(x: torch.Tensor, block_m: int) -> torch.Tensor:
     return torch.gather(tiles, 3, stored[None, None, :, :, None].expand(tiles.shape)).reshape(mb, k // 64, block_m, 64)
 
 
-def wide_k_order(k: int) -> torch.Tensor:
-    """The wide kernel's K order: position 16s + 2q + e (step s, the MMA's k = 2q + e) of each 64-wide
-    chunk holds K 16s + 4q + e for q < 4 and 16s + 4(q - 4) + 2 + e for q >= 4 (csrc/nvfp4_wide_gemm.cu).
-    B's row n at position j is W[n, order[j]], A's row m at position j is x[m, order[j]]."""
-    s, q, e = torch.arange(4)[:, None, None], torch.arange(8)[None, :, None], torch.arange(2)[None, None, :]
-    within = (16 * s + 4 * (q % 4) + 2 * (q // 4) + e).reshape(64)
-    return (torch.arange(0, k, 64)[:, None] + within[None, :]).reshape(k)
-
-
 def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] -> a copy with each 64-wide K chunk in the wgmma kernel's K order: position
     16i + 8h + 2t + j (step i, the MMA's k = 2t + 8h + j) holds x's 16t + 4i + 2h + j, the K of the
@@ -205,9 +178,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
-    if isinstance(cfg, WideConfig):
-        extension().wide_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.prefetch_groups, gps)
-    elif isinstance(cfg, WgmmaConfig):
+    if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps)
     else:

@@ -4,11 +4,10 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import (BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, WIDE_PREFETCH, Config, TileConfig,
-                               WgmmaConfig, WideConfig)
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
-KINDS = ("sync", "wgmma", "wide")
+KINDS = ("sync", "wgmma")
 
 
 def candidates(m: int, kinds=KINDS) -> list[Config]:
@@ -16,7 +15,6 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
     256) and one smaller.
-    wide: with and without the L2 warming, where M > 16 (below, its M block of 64 is mostly padding).
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -31,14 +29,10 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     if "wgmma" in kinds:
         out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
                 if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
-    if "wide" in kinds and m > 16:
-        out += [WideConfig(pf) for pf in WIDE_PREFETCH]
     return list(dict.fromkeys(out))
 
 
 def label(c: Config) -> str:
-    if isinstance(c, WideConfig):
-        return f"wide pf{c.prefetch_groups}"
     if isinstance(c, WgmmaConfig):
         return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"

@@ -30,7 +30,7 @@ stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
 }
 stage_tilesweep() {
   $PY -m kernels.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
-    --tile-kinds "${SWEEP_KINDS:-sync,wgmma,wide}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
+    --tile-kinds "${SWEEP_KINDS:-sync,wgmma}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
 }
 stage_tilebench() { $PY -m kernels.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {

@@ -6,7 +6,7 @@ import json
 from kernels.sweep import run_sweep
 import pytest
 
-from kernels.tile_gemm import WIDE_PREFETCH, TileConfig, WgmmaConfig, WideConfig, config_for
+from kernels.tile_gemm import TileConfig, WgmmaConfig, config_for
 from kernels.tile_sweep import candidates, sweep
 
 
@@ -37,9 +37,7 @@ def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
         cands = candidates(m)
         sync = [c for c in cands if isinstance(c, TileConfig)]
         wgmma = [c for c in cands if isinstance(c, WgmmaConfig)]
-        wide = [c for c in cands if isinstance(c, WideConfig)]
-        assert sync and wgmma and len(sync) + len(wgmma) + len(wide) == len(cands) == len(set(cands))
-        assert len(wide) == (len(WIDE_PREFETCH) if m > 16 else 0)  # its M block of 64 is padding below
+        assert sync and wgmma and len(sync) + len(wgmma) == len(cands) == len(set(cands))
         assert max(c.m_tiles for c in sync) * 8 >= min(m, 64)
         assert not any(c.rows_per_warp == 4 and c.m_tiles >= 4 for c in sync)
         assert max(c.block_m for c in wgmma) >= min(m, 256) and {c.warpgroups for c in wgmma} == {1, 2}

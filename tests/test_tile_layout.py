@@ -139,45 +139,6 @@ def test_wgmma_x_tiles_are_what_the_swizzled_descriptor_reads(m, block_m):
     assert torch.equal(read.permute(0, 2, 1, 3).reshape(mb * block_m, k), want)
 
 
-def test_wide_kernel_placements_follow_its_k_order():
-    """csrc/nvfp4_wide_gemm.cu, emulated: lane (g, t)'s word i of row tile rt, chunk c writes its
-    registers a0 | a2 (row g) and a1 | a3 (row g + 8) as 4-byte slot i of 16-byte pieces 2t | 2t + 1,
-    stored at position piece ^ (row % 8) of the row's 128 bytes; wgmma reads B row n, position k of
-    the chunk at byte n*128 + ((k/8) ^ (n%8))*16 + 2*(k%8). The A lane t of step s loads 8 bytes of x at
-    K 16s + 4t: a0 its first 4, a2 its last 4, at the MMA's k = 2t and 8 + 2t. Both must follow
-    `wide_k_order`, and A @ B^T must be x @ W^T."""
-    n, k = 48, 512
-    packed, scale = _random(n, k, _seed())
-    op = repack(packed, scale)
-    frags = emulate_fragments(op, 0.37)  # [RT, C, lane (g, t), word i, register r = 2*kh + rh, half]
-    rt, nc = frags.shape[:2]
-    smem = torch.full((rt * 16, nc, 64), float("nan"), dtype=torch.float64)  # [row, chunk, stored bf16 slot]
-    T, C, L, I, R, H = torch.meshgrid(*(torch.arange(d) for d in frags.shape), indexing="ij")
-    g, t, kh, rh = L // 4, L % 4, R // 2, R % 2
-    row = 16 * T + g + 8 * rh
-    piece = 2 * t + kh
-    value_at = ((piece ^ (row % 8)) * 16 + 4 * I + 2 * H) // 2  # bf16 element within the stored row
-    smem[row.flatten(), C.flatten(), value_at.flatten()] = frags.flatten()
-    pos = torch.arange(64)
-    b = torch.stack([smem[r, :, ((pos // 8) ^ (r % 8)) * 8 + pos % 8] for r in range(rt * 16)])
-    b = b.reshape(rt * 16, k)  # B as the MMA reads it: [row, 64c + position]
-    assert not torch.isnan(b).any()  # every slot written
-    order = tile_gemm.wide_k_order(k)
-    assert sorted(order.tolist()) == list(range(k))
-    assert torch.equal(b, emulate_dequant(op, 0.37)[:, order])
-    x = torch.randn(5, k, dtype=torch.float64)
-    a = torch.empty_like(x)
-    for c in range(nc):
-        for s in range(4):
-            for lt in range(4):
-                phys = 64 * c + 16 * s + 4 * lt  # the 8-byte load
-                a[:, 64 * c + 16 * s + 2 * lt:][:, :2] = x[:, phys:phys + 2]  # a0: k = 2t, 2t + 1
-                a[:, 64 * c + 16 * s + 8 + 2 * lt:][:, :2] = x[:, phys + 2:phys + 4]  # a2: k = 8 + 2t
-    assert torch.equal(a, x[:, order])
-    ref = x @ dequantize_raw(packed, scale, 0.37, torch.float32).double()[:op.n_main].T
-    assert float((a @ b.T - ref).norm() / ref.norm()) < 1e-6  # the FP32 reference's rounding only
-
-
 def test_generated_wgmma_header_is_current():
     import importlib.util
     from pathlib import Path

@@ -34,10 +34,5 @@ cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int r
 
 // x [M, K] (row stride ldx) -> out [ceil(M/block_m)][K/64][block_m][64] bf16: each block_m x 64 stage
 // of the wgmma kernel, in its K order and 128-byte swizzle, rows past M zero.
-// wide: in the wide kernel's K order (nvfp4_wide_gemm.cu) instead.
-cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out, bool wide,
+cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
                           cudaStream_t stream);
-
-// The wide wgmma kernel (nvfp4_wide_gemm.cu): x (plain [M, K], rows 16-byte aligned) in M blocks of
-// 64, 256 weight rows per CTA; prefetch_groups 0 or 2 (K groups of weights warmed in L2 ahead).
-cudaError_t wide_gemm(const TileGemmArgs& p, int prefetch_groups, int splits, cudaStream_t stream);

@@ -161,10 +161,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
 // position pp of row r holds logical piece j = pp ^ (r % 8) (the 128-byte swizzle), whose 8 values
 // are logical K 8j..8j+7 of the chunk = x's K 16t + 4i + 2h + {0,1} for t = 0..3 (i = j/2, h = j%2):
 // four 4-byte words 16 values apart. Rows past M are zero.
-// wide: the wide kernel's K order instead (nvfp4_wide_gemm.cu): logical piece j of a chunk is K
-// 16(j/2) + 2(j%2) + 4u + {0,1}, u = 0..3: four 4-byte words 4 values apart.
-__global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, int bm, uint4* out, long pieces,
-                               bool wide) {
+__global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, int bm, uint4* out, long pieces) {
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= pieces) return;
   const int pp = idx & 7;
@@ -174,9 +171,8 @@ __global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, i
   const int row = mb * bm + r, j = pp ^ (r & 7);
   uint4 v = make_uint4(0, 0, 0, 0);
   if (row < m) {
-    const int step = wide ? 16 : 4, stride = wide ? 2 : 8;  // in bf16 / in 4-byte words
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(x + row * ldx + 64 * c + step * (j >> 1) + 2 * (j & 1));
-    v = make_uint4(src[0], src[stride], src[2 * stride], src[3 * stride]);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(x + row * ldx + 64 * c + 4 * (j >> 1) + 2 * (j & 1));
+    v = make_uint4(src[0], src[8], src[16], src[24]);
   }
   out[idx] = v;
 }
@@ -202,11 +198,11 @@ cudaError_t launch_wg(const TileGemmArgs& p, int warpgroups, int splits, cudaStr
 
 }  // namespace
 
-cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out, bool wide,
+cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
                           cudaStream_t stream) {
   const long pieces = (long)(m + block_m - 1) / block_m * block_m * (k / 64) * 8;
   x_tiles_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, m, k, block_m,
-                                                                       static_cast<uint4*>(out), pieces, wide);
+                                                                       static_cast<uint4*>(out), pieces);
   return cudaGetLastError();
 }
 

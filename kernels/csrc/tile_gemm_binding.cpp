@@ -1,4 +1,4 @@
-// torch binding of the tile-layout GEMM launchers (mma.sync, wgmma and wide wgmma): shape/dtype/device checks,
+// torch binding of the tile-layout GEMM launchers (mma.sync and wgmma): shape/dtype/device checks,
 // then one launch on the current CUDA stream (so it records into CUDA graphs like any torch op).
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -60,7 +60,7 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
 }
 
 // The wgmma kernel's x stages (see wgmma_x_tiles), allocated by torch's caching allocator.
-torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m, bool wide) {
+torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m) {
   check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 64 == 0,
         "x must be a CUDA bf16 [M, K] tensor with unit stride along K and K % 64 == 0");
   check(reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0 && x.stride(0) % 2 == 0, "x rows must be 4-byte aligned");
@@ -69,7 +69,7 @@ torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m, bool wide) {
   const int64_t m = x.size(0), k = x.size(1), m_blocks = (m + block_m - 1) / block_m;
   torch::Tensor out = torch::empty({m_blocks, k / 64, block_m, 64}, x.options());
   const cudaError_t err = wgmma_x_tiles(reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), x.stride(0), (int)m,
-                                        (int)k, (int)block_m, out.data_ptr(), wide, stream_of(x));
+                                        (int)k, (int)block_m, out.data_ptr(), stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "wgmma_x_tiles launch failed: ", cudaGetErrorString(err));
   return out;
 }
@@ -79,28 +79,11 @@ void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const to
                     int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
-  const torch::Tensor tiles = x_tiles(x, block_m, false);  // lives until the launch is queued; the allocator
+  const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
   const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "wgmma_gemm launch failed: ", cudaGetErrorString(err), " (block_m=", block_m,
               " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
-}
-
-void wide_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
-                   const c10::optional<torch::Tensor>& partial, double out_scale, int64_t prefetch_groups,
-                   int64_t groups_per_split) {
-  int64_t splits = 1;
-  const TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
-  check(words.numel() / 4 < (int64_t(1) << 32), "words: the wide kernel indexes them with 32-bit offsets");
-  torch::Tensor tiles;
-  TileGemmArgs q = p;
-  if (prefetch_groups == 3 || prefetch_groups >= 5) {  // EXPERIMENT: the SS variant reads x tiles
-    tiles = x_tiles(x, 64, true);
-    q.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());
-  }
-  const cudaError_t err = wide_gemm(q, (int)prefetch_groups, (int)splits, stream_of(x));
-  TORCH_CHECK(err == cudaSuccess, "wide_gemm launch failed: ", cudaGetErrorString(err), " (prefetch_groups=",
-              prefetch_groups, ")");
 }
 
 }  // namespace
@@ -108,7 +91,5 @@ void wide_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
   mod.def("wgmma_gemm_out", &wgmma_gemm_out, "packed NVFP4 W4A16 wgmma GEMM into y (see nvfp4_wgmma_gemm.cu)");
-  mod.def("wide_gemm_out", &wide_gemm_out, "packed NVFP4 W4A16 wide wgmma GEMM into y (see nvfp4_wide_gemm.cu)");
-  mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma (or wide) kernel's shared-memory stages",
-          py::arg("x"), py::arg("block_m"), py::arg("wide") = false);
+  mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma kernel's shared-memory stages");
 }
