@@ -176,7 +176,8 @@ def test_lock_held_by_flock_times_out(cluster, env):
     tmp_path, config = env
     cfg = config(lock_s=1)
     lock = tmp_path / "A.lock"
-    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
+    # -o: only flock(1) itself holds the lock (not its child), so once wait() returns the lock is free
+    holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "60"], start_new_session=True)
     try:
         while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
             pass

@@ -167,9 +167,12 @@ def test_stale_running_rows_become_lost(tmp_path):
 # ---- box lock -------------------------------------------------------------------------------------
 
 def _flock_holder(path: Path, seconds: float) -> subprocess.Popen:
-    """flock(1) holding `path`, as a person would by hand; returns once it holds it."""
+    """flock(1) holding `path`, as a person would by hand; returns once it holds it.
+
+    -o keeps the lock in flock(1) alone, not in its child: killing the group and reaping flock(1)
+    then frees the lock at once, with no window where the dying child still holds it."""
     ready = path.with_suffix(".held")
-    p = subprocess.Popen(["flock", str(path), "sh", "-c", f"touch {ready}; sleep {seconds}"],
+    p = subprocess.Popen(["flock", "-o", str(path), "sh", "-c", f"touch {ready}; sleep {seconds}"],
                          start_new_session=True)
     while not ready.exists():
         time.sleep(0.02)
@@ -198,7 +201,7 @@ def test_lock_times_out_and_releases_on_error(tmp_path):
             with box_lock(str(path), 0.3):
                 pass
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)  # flock(1) and the shell that inherited its descriptor
+        os.killpg(holder.pid, signal.SIGKILL)  # flock(1) and its shell
         holder.wait()
     with pytest.raises(RuntimeError):
         with box_lock(str(path), 5):
