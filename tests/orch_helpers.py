@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import yaml
@@ -148,3 +149,21 @@ def snapshot_clone(src: Path, dest: Path) -> Path:
         (dest / rel).unlink(missing_ok=True)
     commit_all(dest, "working tree snapshot")
     return dest
+
+
+def flock_holder(path: Path, seconds: float) -> subprocess.Popen:
+    """flock(1) holding `path`, as a person would by hand; returns once it holds it.
+
+    -o keeps the lock in flock(1) alone, not in its child: killing the group and reaping flock(1)
+    then frees the lock at once, with no window where the dying child still holds it."""
+    ready = path.with_suffix(".held")
+    p = subprocess.Popen(["flock", "-o", str(path), "sh", "-c", f"touch {ready}; sleep {seconds}"],
+                         start_new_session=True)
+    while not ready.exists():
+        time.sleep(0.02)
+    return p
+
+
+def lock_free(path: Path) -> bool:
+    """Whether a non-blocking flock(1) on `path` succeeds now."""
+    return subprocess.run(["flock", "-n", str(path), "true"]).returncode == 0

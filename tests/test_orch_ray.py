@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from orch_helpers import DISABLED, ENABLED, FAKE_GRID, PASSING_TEST, hanging_test, make_stub_repo, slow_test, suite  # noqa: E402
+from orch_helpers import (DISABLED, ENABLED, FAKE_GRID, PASSING_TEST, flock_holder, hanging_test,  # noqa: E402
+                          lock_free, make_stub_repo, slow_test, suite)
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -86,7 +87,7 @@ def _assert_clean(tmp_path: Path, cfg: Config, rec: dict) -> None:
     assert _row_state(cfg, rec["run_id"]) == rec["state"]
     assert list((tmp_path / "work").iterdir()) == []
     for b in "ABC":
-        assert subprocess.run(["flock", "-n", str(tmp_path / f"{b}.lock"), "true"]).returncode == 0
+        assert lock_free(tmp_path / f"{b}.lock")
 
 
 def test_job_pinned_to_b_runs_on_b(cluster, env):
@@ -176,11 +177,8 @@ def test_lock_held_by_flock_times_out(cluster, env):
     tmp_path, config = env
     cfg = config(lock_s=1)
     lock = tmp_path / "A.lock"
-    # -o: only flock(1) itself holds the lock (not its child), so once wait() returns the lock is free
-    holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "60"], start_new_session=True)
+    holder = flock_holder(lock, 60)
     try:
-        while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
-            pass
         rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "A")
     finally:
         os.killpg(holder.pid, signal.SIGKILL)

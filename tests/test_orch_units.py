@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from orch_helpers import FAILING_TEST, PASSING_TEST, commit_all, git, hanging_test, make_stub_repo, suite  # noqa: E402
+from orch_helpers import (FAILING_TEST, PASSING_TEST, commit_all, flock_holder, git, hanging_test,  # noqa: E402
+                          lock_free, make_stub_repo, suite)
 
 from gates.manifest import parse_manifest  # noqa: E402
 from orchestrator import db, idle  # noqa: E402
@@ -166,36 +166,19 @@ def test_stale_running_rows_become_lost(tmp_path):
 
 # ---- box lock -------------------------------------------------------------------------------------
 
-def _flock_holder(path: Path, seconds: float) -> subprocess.Popen:
-    """flock(1) holding `path`, as a person would by hand; returns once it holds it.
-
-    -o keeps the lock in flock(1) alone, not in its child: killing the group and reaping flock(1)
-    then frees the lock at once, with no window where the dying child still holds it."""
-    ready = path.with_suffix(".held")
-    p = subprocess.Popen(["flock", "-o", str(path), "sh", "-c", f"touch {ready}; sleep {seconds}"],
-                         start_new_session=True)
-    while not ready.exists():
-        time.sleep(0.02)
-    return p
-
-
-def _free(path: Path) -> bool:
-    return subprocess.run(["flock", "-n", str(path), "true"]).returncode == 0
-
-
 def test_lock_waits_for_flock_then_proceeds(tmp_path):
     path = tmp_path / "gpu.lock"
-    holder = _flock_holder(path, 1.0)
+    holder = flock_holder(path, 1.0)
     waits = []
     with box_lock(str(path), 60, waits.append) as held:
-        assert not _free(path) and holder.poll() is not None  # we hold it only after the person let go
+        assert not lock_free(path) and holder.poll() is not None  # we hold it only after the person let go
     assert held["wait_s"] > 0 and waits and "held by another process" in waits[0]
-    assert _free(path) and path.exists()  # released, and the file stays (same inode for flock users)
+    assert lock_free(path) and path.exists()  # released, and the file stays (same inode for flock users)
 
 
 def test_lock_times_out_and_releases_on_error(tmp_path):
     path = tmp_path / "gpu.lock"
-    holder = _flock_holder(path, 30)
+    holder = flock_holder(path, 30)
     try:
         with pytest.raises(LockTimeout, match=f"{path}: still held"):
             with box_lock(str(path), 0.3):
@@ -206,7 +189,7 @@ def test_lock_times_out_and_releases_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         with box_lock(str(path), 5):
             raise RuntimeError("crash inside the lock")
-    assert _free(path)
+    assert lock_free(path)
 
 
 # ---- idle, markers, verdicts ----------------------------------------------------------------------
