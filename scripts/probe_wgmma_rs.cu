@@ -1,13 +1,17 @@
 // Microbenchmark (an experiment tool, not part of the GEMM): how fast chained wgmma m64nNk16 (BF16,
 // FP32 accumulate) runs on each SM, with A from registers (RS) or shared memory (SS), 1-4 warpgroups
-// per SM as 1 or 2 CTAs, 3 groups in flight, no global memory traffic. It bounds what the packed GEMM's
+// per SM as 1, 2 or 3 CTAs, 3 groups in flight, no global memory traffic. It bounds what the packed GEMM's
 // wgmma kernel (kernels/csrc/nvfp4_wgmma_gemm.cu) can reach once its weights are in registers.
 // MODE 0: RS, A constant, no fence per step; 1: RS, fence per step; 2: RS, A decoded and scaled per
 // step from a weight word with the GEMM's decode (8 integer instructions + 4 bf16x2 multiplies), then
 // fence (the GEMM's step); 3: SS; 5: as 2 with a __syncthreads every 16 steps (the GEMM's x stage);
 // 6: as 2 without the 4 scale multiplies (not a correct GEMM: their cost); 7: as 2 with a chunk's 4
-// steps decoded before its first wgmma.
-// Build and run: `bash scripts/device_kernels.sh rsprobe` (nvcc, sm_90a). One JSON line per config:
+// steps decoded before its first wgmma; 8: as 2 with the two rotations done as 64-bit multiplies by
+// 2^29 and 2^26 (IMAD.WIDE on the FMA pipe; the low and high halves ORed by the mask's LOP3): the same
+// decode with 2 integer-pipe instructions fewer; 9: as 2 plus 2 LOP3 that change nothing (k ^ 0 ^ 0);
+// 10: as 2 plus 2 IMAD that change nothing (x * 1 + 0). 9 and 10 tell which pipe the step waits on.
+// Build and run: `bash scripts/device_kernels.sh rsprobe` (nvcc, sm_90a); the binary with the argument
+// `pipes` runs modes 0, 2, 6, 8, 9, 10 only, twice. One JSON line per config:
 // cycles per wgmma per SM (clock64, the median warp) against the N/2 of the dense BF16 peak.
 // SS wrappers: scripts/probe_wgmma_ss.cuh, written by scripts/gen_probe_wgmma_ss.py.
 #include <cuda_bf16.h>
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 #include <algorithm>
+#include <string>
 
 #include "nvfp4_tile_decode.cuh"
 #include "sm90_async.cuh"
@@ -25,7 +30,8 @@
 using namespace tile;
 
 template <int N, int MODE, int WG>
-__global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsrc, long long* cycles, float* sink) {
+__global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsrc, long long* cycles, float* sink,
+                                                     uint4 opq) {  // opq: {2^29, 2^26, 0, 1}, opaque to ptxas
   extern __shared__ uint8_t smem_raw[];
   const uint32_t s0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t pad = (1024 - (s0 & 1023)) & 1023;
@@ -48,7 +54,25 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
   wgmma_fence();
   const long long t0 = clock64();
   auto decode = [&](uint32_t (&r)[4], int i, int it) {
-    decode_word(word(w, i) ^ it, r);  // ^ it: a fresh word every step, as the GEMM's are
+    const uint32_t q = word(w, i) ^ it;  // ^ it: a fresh word every step, as the GEMM's are
+    if constexpr (MODE == 8) {
+      const uint64_t r3 = (uint64_t)q * opq.x, r6 = (uint64_t)q * opq.y;  // q rotated right by 3 and 6
+      r[0] = q & kBf16Mask;
+      r[1] = ((uint32_t)r3 | (uint32_t)(r3 >> 32)) & kBf16Mask;
+      r[2] = ((uint32_t)r6 | (uint32_t)(r6 >> 32)) & kBf16Mask;
+      r[3] = ((q & kLeftBits) * kLeftMul) & kBf16Mask;
+    } else {
+      decode_word(q, r);
+    }
+    if constexpr (MODE == 9) {
+      const uint32_t zero2 = opq.w ^ 1u;
+      asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;" : "+r"(r[1]) : "r"(opq.z), "r"(zero2));
+      asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;" : "+r"(r[2]) : "r"(opq.z), "r"(zero2));
+    }
+    if constexpr (MODE == 10) {
+      asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(r[1]) : "r"(opq.w), "r"(opq.z));
+      asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(r[2]) : "r"(opq.w), "r"(opq.z));
+    }
     if constexpr (MODE != 6) {
       r[0] = mul_bf16x2(r[0], s_lo); r[1] = mul_bf16x2(r[1], s_hi);
       r[2] = mul_bf16x2(r[2], s_lo); r[3] = mul_bf16x2(r[3], s_hi);
@@ -64,7 +88,7 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint64_t desc = db + (it & 3) * (N * 128 >> 4) + 2 * i;
-      if constexpr (MODE == 2 || MODE == 5 || MODE == 6) decode(a, i, it);
+      if constexpr (MODE == 2 || MODE == 5 || MODE == 6 || MODE >= 8) decode(a, i, it);
       if constexpr (MODE >= 1) wgmma_fence();
       if constexpr (MODE == 3) wgmma_ss<N>(acc, da + (it & 3) * (64 * 128 >> 4) + 2 * i, desc);
       else if constexpr (MODE == 7) wgmma_rs<N>(acc, ch[i], desc);
@@ -82,18 +106,20 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
   if ((threadIdx.x & 31) == 0) cycles[blockIdx.x * WG * 4 + threadIdx.x / 32] = t1 - t0;
 }
 
+const uint4 kOpq = {1u << 29, 1u << 26, 0u, 1u};
+
 template <int N, int MODE, int WG, int CPS = 1>
 void run(int sms0, const uint4* w, long long* cyc, float* sink) {
   auto k = chain<N, MODE, WG>;
-  const int kSmem = CPS == 1 ? 200 * 1024 : 100 * 1024, sms = sms0 * CPS;  // CPS CTAs per SM
+  const int kSmem = (CPS == 1 ? 200 : CPS == 2 ? 100 : 64) * 1024, sms = sms0 * CPS;  // CPS CTAs per SM
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   const int iters = 2048 * 64 / N;  // ~same FLOPs per warpgroup for every N
-  k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink);  // warm-up
+  k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink, kOpq);  // warm-up
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0); cudaEventCreate(&e1);
   const int reps = 10;
   cudaEventRecord(e0);
-  for (int r = 0; r < reps; ++r) k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink);
+  for (int r = 0; r < reps; ++r) k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink, kOpq);
   cudaEventRecord(e1);
   cudaEventSynchronize(e1);
   float ms = 0; cudaEventElapsedTime(&ms, e0, e1); ms /= reps;
@@ -119,13 +145,28 @@ void modes(int sms, const uint4* w, long long* cyc, float* sink) {
   }
 }
 
-int main() {
+template <int N, int WG, int CPS>
+void pipe_modes(int sms, const uint4* w, long long* cyc, float* sink) {  // which pipe the step waits on
+  run<N, 0, WG, CPS>(sms, w, cyc, sink); run<N, 2, WG, CPS>(sms, w, cyc, sink);
+  run<N, 6, WG, CPS>(sms, w, cyc, sink); run<N, 8, WG, CPS>(sms, w, cyc, sink);
+  run<N, 9, WG, CPS>(sms, w, cyc, sink); run<N, 10, WG, CPS>(sms, w, cyc, sink);
+}
+
+int main(int argc, char** argv) {
   int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   uint4* w; long long* cyc; float* sink;
   cudaMalloc(&w, 512 * 16); cudaMalloc(&cyc, sms * 16 * 8); cudaMalloc(&sink, sms * 512 * 4);
   std::vector<uint32_t> h(512 * 4);
   for (size_t i = 0; i < h.size(); ++i) h[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
   cudaMemcpy(w, h.data(), 512 * 16, cudaMemcpyHostToDevice);
+  if (argc > 1 && std::string(argv[1]) == "pipes") {
+    for (int rep = 0; rep < 2; ++rep) {
+      pipe_modes<16, 1, 2>(sms, w, cyc, sink); pipe_modes<16, 1, 3>(sms, w, cyc, sink);
+      pipe_modes<16, 4, 1>(sms, w, cyc, sink); pipe_modes<64, 2, 2>(sms, w, cyc, sink);
+      pipe_modes<64, 4, 1>(sms, w, cyc, sink);
+    }
+    return 0;
+  }
   // (warpgroups per CTA, CTAs per SM): the GEMM table's M=16 row runs 3 CTAs of 1, its M=64 row 2 of 2
   modes<16, 1, 1>(sms, w, cyc, sink); modes<16, 2, 1>(sms, w, cyc, sink); modes<16, 4, 1>(sms, w, cyc, sink);
   modes<16, 1, 2>(sms, w, cyc, sink); modes<16, 2, 2>(sms, w, cyc, sink);
