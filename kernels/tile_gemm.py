@@ -56,10 +56,9 @@ class TileConfig:
         return 8 * self.m_tiles
 
 
-# instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups: block_m -> the row blocks built
-# (RB x block_m/2 accumulator registers per thread bound them)
-WGMMA_ROW_BLOCKS = {16: (1, 2, 3, 4), 32: (1, 2), 64: (1, 2), 128: (1,), 256: (1,)}
-WGMMA_BLOCK_M = tuple(WGMMA_ROW_BLOCKS)
+# instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
+WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
+WGMMA_MAX_BM_2_ROW_BLOCKS = 64
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,12 @@ class WgmmaConfig:
     row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
 
     def __post_init__(self):
-        if self.block_m not in WGMMA_ROW_BLOCKS or self.warpgroups not in (1, 2):
-            raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M} and warpgroups 1 or 2; "
-                             f"found {self.block_m}, {self.warpgroups}")
-        if self.row_blocks not in WGMMA_ROW_BLOCKS[self.block_m]:
-            raise ValueError(f"WgmmaConfig: row_blocks at block_m {self.block_m} must be one of "
-                             f"{WGMMA_ROW_BLOCKS[self.block_m]} (accumulator registers), found {self.row_blocks}")
+        if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
+            raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
+                             f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
+        if self.row_blocks == 2 and self.block_m > WGMMA_MAX_BM_2_ROW_BLOCKS:
+            raise ValueError(f"WgmmaConfig: row_blocks 2 needs block_m <= {WGMMA_MAX_BM_2_ROW_BLOCKS} (accumulator "
+                             f"registers), found {self.block_m}")
 
     @property
     def cta_rows(self) -> int:

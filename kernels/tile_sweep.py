@@ -4,7 +4,7 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
 KINDS = ("sync", "wgmma")
@@ -13,8 +13,8 @@ KINDS = ("sync", "wgmma")
 def candidates(m: int, kinds=KINDS) -> list[Config]:
     """mma.sync: every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
-    wgmma: 1 or 2 warpgroups, every built row-block count, at the block_m that covers M (at most 256)
-    and one smaller.
+    wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
+    256) and one smaller.
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -27,7 +27,8 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
     blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
     if "wgmma" in kinds:
-        out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in WGMMA_ROW_BLOCKS[b]]
+        out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
+                if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
     return list(dict.fromkeys(out))
 
 

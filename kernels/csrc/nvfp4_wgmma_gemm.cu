@@ -209,11 +209,9 @@ cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int bl
 cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int splits,
                        cudaStream_t stream) {
   cudaError_t err;
-  switch (block_m * 10 + row_blocks) {  // RB row blocks need RB x BM/2 accumulators
+  switch (block_m * 10 + row_blocks) {  // two row blocks need 2 x BM/2 accumulators: BM <= 64
     case 161: err = launch_wg<16, 1>(p, warpgroups, splits, stream); break;
     case 162: err = launch_wg<16, 2>(p, warpgroups, splits, stream); break;
-    case 163: err = launch_wg<16, 3>(p, warpgroups, splits, stream); break;
-    case 164: err = launch_wg<16, 4>(p, warpgroups, splits, stream); break;
     case 321: err = launch_wg<32, 1>(p, warpgroups, splits, stream); break;
     case 322: err = launch_wg<32, 2>(p, warpgroups, splits, stream); break;
     case 641: err = launch_wg<64, 1>(p, warpgroups, splits, stream); break;
