@@ -55,14 +55,11 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
   const long long t0 = clock64();
   auto decode = [&](uint32_t (&r)[4], int i, int it) {
     const uint32_t q = word(w, i) ^ it;  // ^ it: a fresh word every step, as the GEMM's are
-    if constexpr (MODE == 8) {
-      const uint64_t r3 = (uint64_t)q * opq.x, r6 = (uint64_t)q * opq.y;  // q rotated right by 3 and 6
-      r[0] = q & kBf16Mask;
+    decode_word(q, r);
+    if constexpr (MODE == 8) {  // r[1], r[2] again from q rotated right by 3 and 6 (the SHF ones are dead)
+      const uint64_t r3 = (uint64_t)q * opq.x, r6 = (uint64_t)q * opq.y;
       r[1] = ((uint32_t)r3 | (uint32_t)(r3 >> 32)) & kBf16Mask;
       r[2] = ((uint32_t)r6 | (uint32_t)(r6 >> 32)) & kBf16Mask;
-      r[3] = ((q & kLeftBits) * kLeftMul) & kBf16Mask;
-    } else {
-      decode_word(q, r);
     }
     if constexpr (MODE == 9) {
       const uint32_t zero2 = opq.w ^ 1u;
