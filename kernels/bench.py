@@ -180,7 +180,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tile_sweep.py)")
     ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
-    ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, ring, wgmma)")
+    ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, wgmma)")
     ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
     ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of TABLE")
     a = ap.parse_args(argv)

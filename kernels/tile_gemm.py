@@ -30,9 +30,6 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 # (rows_per_warp, warps, min_ctas) instantiated in csrc/nvfp4_tile_gemm.cu, for every m_tiles and x_shared.
 BUILT = ((1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (4, 4, 1), (2, 4, 4), (2, 8, 2), (1, 8, 3))
-# (rows_per_warp, warps, min_ctas) of the ring kernel (m_tiles 1 or 2, x always in shared memory)
-RING_BUILT = ((1, 8, 4), (1, 4, 8), (2, 8, 3), (2, 8, 2), (2, 4, 6))
-RING_M_TILES = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -42,17 +39,11 @@ class TileConfig:
     warps: int  # per CTA (4, 8)
     x_shared: bool = False  # stage x in shared memory once per CTA (else every warp reads it via L1)
     min_ctas: int = 1  # CTAs per SM the registers must allow (__launch_bounds__'s second argument)
-    ring: bool = False  # the ring kernel: weights through a 4-chunk register ring, x in shared memory
 
     def __post_init__(self):
         if self.m_tiles not in (1, 2, 4, 8):
             raise ValueError(f"TileConfig.m_tiles: expected 1, 2, 4 or 8, found {self.m_tiles}")
-        if self.ring:
-            if (self.m_tiles not in RING_M_TILES or not self.x_shared
-                    or (self.rows_per_warp, self.warps, self.min_ctas) not in RING_BUILT):
-                raise ValueError(f"TileConfig(ring=True): m_tiles in {RING_M_TILES}, x_shared, and (rows_per_warp, "
-                                 f"warps, min_ctas) in {RING_BUILT}; found {self}")
-        elif (self.rows_per_warp, self.warps, self.min_ctas) not in BUILT:
+        if (self.rows_per_warp, self.warps, self.min_ctas) not in BUILT:
             raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas) "
                              f"{(self.rows_per_warp, self.warps, self.min_ctas)} is not built; built: {BUILT}")
 
@@ -192,7 +183,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
                                    cfg.row_blocks, gps)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
-                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), bool(cfg.ring), gps)
+                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
     if op.n > op.n_main:
         from kernels.nvfp4_gemm import nvfp4_gemm
 

@@ -4,10 +4,10 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import BUILT, RING_BUILT, RING_M_TILES, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
-KINDS = ("sync", "ring", "wgmma")
+KINDS = ("sync", "wgmma")
 
 
 def candidates(m: int, kinds=KINDS) -> list[Config]:
@@ -24,8 +24,6 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     if "sync" in kinds:
         out += [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
                 if not (r == 4 and mt >= 4)]
-    if "ring" in kinds:
-        out += [TileConfig(mt, r, w, True, b, ring=True) for mt in tiles if mt in RING_M_TILES for r, w, b in RING_BUILT]
     cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
     blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
     if "wgmma" in kinds:
@@ -37,8 +35,7 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
 def label(c: Config) -> str:
     if isinstance(c, WgmmaConfig):
         return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
-    kind = "ring" if c.ring else "tile"
-    return f"{kind} mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
+    return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 
 def correct(cfg: Config, m: int) -> bool:

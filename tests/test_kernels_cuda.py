@@ -10,7 +10,7 @@ from engine.nvfp4 import Nvfp4Weight, dequantize_raw, quantize
 from kernels import tile_layout, tuning
 from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
                                 tile_available)
-from kernels.tile_gemm import BUILT, RING_BUILT, RING_M_TILES, WGMMA_BLOCK_M, TileConfig, WgmmaConfig, tile_gemm
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, TileConfig, WgmmaConfig, tile_gemm
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not available()[0], reason=f"kernel: {available()[1]}")]
 MS = (1, 2, 3, 16, 17, 64, 256)
@@ -49,8 +49,7 @@ def test_tile_kernel_exact_for_every_kind_of_scale():
 
 @pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")
 @pytest.mark.parametrize("cfg", [TileConfig(mt, r, w, xs, b) for mt in (1, 2, 4, 8) for xs in (False, True)
-                                 for r, w, b in BUILT] + [TileConfig(mt, r, w, True, b, ring=True) for mt in RING_M_TILES
-                                                          for r, w, b in RING_BUILT] + [WgmmaConfig(bm, wg, rb) for bm in WGMMA_BLOCK_M
+                                 for r, w, b in BUILT] + [WgmmaConfig(bm, wg, rb) for bm in WGMMA_BLOCK_M
                                                           for wg in (1, 2) for rb in (1, 2) if rb == 1 or bm <= 64],
                          ids=repr)
 def test_every_built_tile_config_at_every_m(cfg):

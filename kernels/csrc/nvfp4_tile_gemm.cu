@@ -117,28 +117,6 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
-// C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
-template <int MT, int R>
-__device__ __forceinline__ void store_acc(const TileGemmArgs& p, const float (&acc)[R][MT][4], int rt0, int m0,
-                                          int m_rows, int g, int t) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = rt0 + r;
-    if (rt >= p.row_tiles) break;
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int m = 8 * nt + 2 * t + (j & 1);
-        const int n = 16 * rt + g + 8 * (j >> 1);
-        if (m >= m_rows) continue;
-        const long off = (long)(m0 + m) * p.ldy + n;
-        if (p.partial) p.partial[(size_t)blockIdx.y * p.m * p.ldy + off] = acc[r][nt][j];
-        else p.y[off] = __float2bfloat16_rn(acc[r][nt][j] * p.out_scale);
-      }
-  }
-}
-
 template <int MT, int R, int WARPS, bool XS, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
@@ -193,106 +171,23 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   }
   if (!active) return;
 
-  store_acc<MT, R>(p, acc, rt0, m0, m_rows, g, t);
-}
-
-// The ring variant (M <= 16): a warp's weights come through a ring of 4 chunks of registers, each
-// loaded 3 chunks (192 K) ahead, instead of the ping-pong of 256-wide groups: R row tiles hold 16R
-// weight registers rather than 32R, so R = 2 (x's B fragments read once from shared memory for both
-// row tiles) fits 24 warps per SM. x is staged per group in shared memory
-// (double buffer, cp.async) with ONE barrier per group. Every warp runs the full loop (a warp past the
-// last row tile re-reads the last tile and stores nothing), so no branch guards the barrier.
-template <int MT, int R, int WARPS, int MINB>
-__global__ void __launch_bounds__(WARPS * 32, MINB) ring_gemm_kernel(TileGemmArgs p, int m_blocks) {
-  extern __shared__ __align__(16) uint8_t x_smem[];
-  constexpr int kSlotBytes = MT * 8 * kXRowBytes;  // one group of x: two slots
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int rt0 = (blockIdx.x / m_blocks * WARPS + warp) * R;
-  const int m0 = blockIdx.x % m_blocks * 8 * MT;
-  const int m_rows = min(8 * MT, p.m - m0);
-  const __nv_bfloat16* x = p.x + m0 * p.ldx;
-  const int chunks = p.k / 64, groups = p.k / 256;
-  const int cg0 = blockIdx.y * p.groups_per_split, cg1 = min(groups, cg0 + p.groups_per_split);
-  const int c_last = 4 * cg1 - 1;
-
-  const int rt_first = min(rt0, p.row_tiles - 1);  // clamped: a warp past the end stores nothing
-  const uint4* wp = p.w + (size_t)rt_first * chunks * 32 + lane;
-  const uint2* sp = p.scales + (size_t)rt_first * groups * 32 + lane;
-  int rdelta[R];  // row tile r's offset from rt_first (clamped too)
+  // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
 #pragma unroll
-  for (int r = 0; r < R; ++r) rdelta[r] = min(rt0 + r, p.row_tiles - 1) - rt_first;
-  auto load_chunk = [&](uint4 (&dst)[R], int c) {
-    c = min(c, c_last);  // past the split's end: a re-read, never used
-#pragma unroll
-    for (int r = 0; r < R; ++r) dst[r] = ldg_stream(wp + ((size_t)rdelta[r] * chunks + c) * 32);
-  };
-  auto load_scales = [&](uint2 (&dst)[R], int cg) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) dst[r] = sp[((size_t)rdelta[r] * groups + cg) * 32];
-  };
-
-  float acc[R][MT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const int rt = rt0 + r;
+    if (rt >= p.row_tiles) break;
 #pragma unroll
     for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[r][nt][j] = 0.f;
-
-  uint4 ring[4][R];  // chunk 4*cg + cc lives in ring[cc]
-  uint2 sc[R], sc_next[R];
-  load_chunk(ring[0], 4 * cg0);
-  load_chunk(ring[1], 4 * cg0 + 1);
-  load_chunk(ring[2], 4 * cg0 + 2);
-  load_scales(sc_next, cg0);
-  stage_x<MT>(x_smem, x, p.ldx, m_rows, cg0, WARPS * 32);
-  cp_async_commit();
-
-  for (int cg = cg0; cg < cg1; ++cg) {
-    const int slot = (cg - cg0) & 1;
-    cp_async_wait<0>();
-    __syncthreads();  // group cg's x has landed; every warp is done reading the other slot
-    if (cg + 1 < cg1) stage_x<MT>(x_smem + (slot ^ 1) * kSlotBytes, x, p.ldx, m_rows, cg + 1, WARPS * 32);
-    cp_async_commit();
-#pragma unroll
-    for (int r = 0; r < R; ++r) sc[r] = sc_next[r];
-    load_scales(sc_next, min(cg + 1, cg1 - 1));
-    // lane (g, t)'s x row 8*nt + g at K 16t of the chunk: 32 bytes, read as two 16-byte halves
-    const uint8_t* xb = x_smem + slot * kSlotBytes + g * kXRowBytes + 32 * t;
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
-      load_chunk(ring[(cc + 3) & 3], 4 * cg + cc + 3);
-      uint32_t s_lo[R], s_hi[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint32_t codes = cc < 2 ? sc[r].x : sc[r].y;
-        s_lo[r] = scale_pair(codes, 2 * (cc & 1));      // row g
-        s_hi[r] = scale_pair(codes, 2 * (cc & 1) + 1);  // row g + 8
+      for (int j = 0; j < 4; ++j) {
+        const int m = 8 * nt + 2 * t + (j & 1);
+        const int n = 16 * rt + g + 8 * (j >> 1);
+        if (m >= m_rows) continue;
+        const long off = (long)(m0 + m) * p.ldy + n;
+        if (p.partial) p.partial[(size_t)blockIdx.y * p.m * p.ldy + off] = acc[r][nt][j];
+        else p.y[off] = __float2bfloat16_rn(acc[r][nt][j] * p.out_scale);
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // steps 2h, 2h + 1 read the half h of x
-        uint4 bh[MT];
-#pragma unroll
-        for (int nt = 0; nt < MT; ++nt)
-          bh[nt] = *reinterpret_cast<const uint4*>(xb + 8 * nt * kXRowBytes + 128 * cc + 16 * h);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int i2 = 0; i2 < 2; ++i2) {
-            uint32_t a[4];
-            decode_word(word(ring[cc][r], 2 * h + i2), a);
-            a[0] = mul_bf16x2(a[0], s_lo[r]);
-            a[1] = mul_bf16x2(a[1], s_hi[r]);
-            a[2] = mul_bf16x2(a[2], s_lo[r]);
-            a[3] = mul_bf16x2(a[3], s_hi[r]);
-#pragma unroll
-            for (int nt = 0; nt < MT; ++nt) mma_bf16(acc[r][nt], a, word(bh[nt], 2 * i2), word(bh[nt], 2 * i2 + 1));
-          }
-      }
-    }
   }
-  store_acc<MT, R>(p, acc, rt0, m0, m_rows, g, t);
 }
 
 __global__ void reduce_splits_kernel(const float* partial, __nv_bfloat16* y, int m, int n_main, long ldy, int splits,
@@ -319,28 +214,6 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int MT, int R, int WARPS, int MINB>
-cudaError_t launch_ring(const TileGemmArgs& p, int splits, cudaStream_t stream) {
-  const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
-  const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  ring_gemm_kernel<MT, R, WARPS, MINB><<<dim3(ctas * m_blocks, splits), WARPS * 32, 2 * MT * 8 * kXRowBytes, stream>>>(
-      p, m_blocks);
-  return cudaGetLastError();
-}
-
-template <int MT>
-cudaError_t launch_ring_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits,
-                           cudaStream_t s) {
-  switch (rows_per_warp * 100 + warps * 10 + min_ctas) {
-    case 184: return launch_ring<MT, 1, 8, 4>(p, splits, s);
-    case 148: return launch_ring<MT, 1, 4, 8>(p, splits, s);
-    case 283: return launch_ring<MT, 2, 8, 3>(p, splits, s);
-    case 282: return launch_ring<MT, 2, 8, 2>(p, splits, s);
-    case 246: return launch_ring<MT, 2, 4, 6>(p, splits, s);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 template <int MT, bool XS>
 cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s) {
   if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s);
@@ -358,15 +231,8 @@ cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int m
 }  // namespace
 
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      bool ring, int splits, cudaStream_t stream) {
+                      int splits, cudaStream_t stream) {
   cudaError_t err;
-  if (ring) {
-    if (m_tiles == 1) err = launch_ring_mt<1>(p, rows_per_warp, warps, min_ctas, splits, stream);
-    else if (m_tiles == 2) err = launch_ring_mt<2>(p, rows_per_warp, warps, min_ctas, splits, stream);
-    else return cudaErrorInvalidValue;
-    if (err != cudaSuccess || p.partial == nullptr) return err;
-    return reduce_splits(p, splits, stream);
-  }
   switch (m_tiles * 2 + (x_shared ? 1 : 0)) {
     case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
     case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;

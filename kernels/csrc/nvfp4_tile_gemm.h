@@ -20,10 +20,8 @@ struct TileGemmArgs {
 // {(1,4), (1,8), (2,4), (2,8), (4,4)} with min_ctas 1, or (rows_per_warp, warps, min_ctas) in
 // {(2,4,4), (2,8,2), (1,8,3)} (registers capped so that many CTAs fit an SM); x_shared: stage x in
 // shared memory per CTA (else each warp reads it through L1); splits = ceil(K/256 / groups_per_split).
-// ring: the ring kernel (weights through a 4-chunk register ring, x in shared memory): m_tiles 1 or 2,
-// (rows_per_warp, warps, min_ctas) in {(1,8,4), (1,4,8), (2,8,3), (2,8,2), (2,4,6)}.
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      bool ring, int splits, cudaStream_t stream);
+                      int splits, cudaStream_t stream);
 
 // Sums the split-K partials into y (times out_scale); both kernels end with it when splits > 1.
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream);

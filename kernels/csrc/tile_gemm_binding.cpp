@@ -49,14 +49,14 @@ cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDA
 
 void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
-                   int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared, bool ring,
+                   int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split) {
   int64_t splits = 1;
   const TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
-                                    ring, (int)splits, stream_of(x));
+                                    (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
-              " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, " ring=", ring, ")");
+              " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, ")");
 }
 
 // The wgmma kernel's x stages (see wgmma_x_tiles), allocated by torch's caching allocator.
