@@ -64,6 +64,14 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   const int cg0 = blockIdx.y * p.groups_per_split, cg1 = min(groups, cg0 + p.groups_per_split);
   const unsigned n_stages = 4 * (cg1 - cg0) / CPS;
 
+  // Ping-pong: group cg+1's weights are in flight (registers) while group cg multiplies. The first
+  // group is asked for before anything waits on x_tiles_kernel (programmatic dependent launch).
+  Group<RB> buf0, buf1;
+  auto fetch = [&](Group<RB>& gr, int cg) {
+    load_group<RB>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);  // clamped past the last tile
+  };
+  if (cg0 < cg1) fetch(buf0, cg0);
+
   if (tid == 0) {
     for (int s = 0; s < S; ++s) mbar_init(full + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -79,8 +87,10 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     mbar_expect_bytes(full + 8 * s, kStageBytes);
     bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, kStageBytes, full + 8 * s);
   };
-  if (tid == 0)
+  if (tid == 0) {
+    grid_dependency_wait();  // x_tiles_kernel's output is complete and visible (only thread 0 reads it)
     for (unsigned q = 0; q < S - 2; ++q) issue(q);
+  }
 
   float acc[RB][BM / 2];
 #pragma unroll
@@ -121,12 +131,6 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     }
   };
 
-  // Ping-pong: group cg+1's weights are in flight (registers) while group cg multiplies.
-  Group<RB> buf0, buf1;
-  auto fetch = [&](Group<RB>& gr, int cg) {
-    load_group<RB>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);  // clamped past the last tile
-  };
-  if (cg0 < cg1) fetch(buf0, cg0);
   for (int cg = cg0; cg < cg1; cg += 2) {
     if (cg + 1 < cg1) fetch(buf1, cg + 1);
     run(buf0);
@@ -162,6 +166,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
 // are logical K 8j..8j+7 of the chunk = x's K 16t + 4i + 2h + {0,1} for t = 0..3 (i = j/2, h = j%2):
 // four 4-byte words 16 values apart. Rows past M are zero.
 __global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, int bm, uint4* out, long pieces) {
+  launch_dependents();  // the GEMM may start now: it waits for this grid before reading `out`
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= pieces) return;
   const int pp = idx & 7;
@@ -185,8 +190,19 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   auto kernel = wgmma_gemm_kernel<BM, WGS, RB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(ctas * m_blocks, splits), WGS * 128, smem, stream>>>(p, m_blocks);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the GEMM's CTAs start while x_tiles_kernel runs, so its launch,
+  // prologue and first weight loads overlap that kernel (griddepcontrol in both kernels).
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas * m_blocks, splits);
+  cfg.blockDim = dim3(WGS * 128);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p, m_blocks);
 }
 
 template <int BM, int RB>

@@ -43,6 +43,11 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int byt
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// Programmatic dependent launch (PTX griddepcontrol): a primary grid lets its dependent grid start
+// early; the dependent waits for the primary's completion and memory before reading its output.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Arrives on `bar` where `arrive` is true, without a branch: inside a wgmma pipeline a branch makes
 // ptxas serialize the wgmmas (warning C7513).
 __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool arrive) {
