@@ -59,9 +59,6 @@ class TileConfig:
 # instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
 WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
 WGMMA_MAX_BM_2_ROW_BLOCKS = 64
-# clusters of CTAs that share x by multicast: up to block_m 64, where one M block covers M
-WGMMA_CLUSTERS = (1, 2, 4)
-WGMMA_MAX_BM_CLUSTER = 64
 
 
 @dataclass(frozen=True)
@@ -69,15 +66,11 @@ class WgmmaConfig:
     block_m: int  # rows of x per CTA: the wgmma's N
     warpgroups: int = 2  # per CTA
     row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
-    cluster: int = 1  # CTAs of neighbouring row blocks that share x (each copies 1/cluster, multicast)
 
     def __post_init__(self):
         if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
             raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
                              f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
-        if self.cluster not in WGMMA_CLUSTERS or (self.cluster > 1 and self.block_m > WGMMA_MAX_BM_CLUSTER):
-            raise ValueError(f"WgmmaConfig: cluster must be one of {WGMMA_CLUSTERS}, and 1 above block_m "
-                             f"{WGMMA_MAX_BM_CLUSTER}; found cluster {self.cluster} at block_m {self.block_m}")
         if self.row_blocks == 2 and self.block_m > WGMMA_MAX_BM_2_ROW_BLOCKS:
             raise ValueError(f"WgmmaConfig: row_blocks 2 needs block_m <= {WGMMA_MAX_BM_2_ROW_BLOCKS} (accumulator "
                              f"registers), found {self.block_m}")
@@ -186,10 +179,8 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     if isinstance(cfg, WgmmaConfig):
-        if cfg.cluster > 1 and m > cfg.block_m:
-            raise ValueError(f"tile_gemm: {cfg} shares one M block per cluster, so M must be <= block_m; found M={m}")
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
-                                   cfg.row_blocks, cfg.cluster, gps)
+                                   cfg.row_blocks, gps)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)

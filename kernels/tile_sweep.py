@@ -4,8 +4,7 @@ the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m k
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import (BUILT, WGMMA_BLOCK_M, WGMMA_CLUSTERS, WGMMA_MAX_BM_2_ROW_BLOCKS, WGMMA_MAX_BM_CLUSTER,
-                               Config, TileConfig, WgmmaConfig)
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
 
 
 KINDS = ("sync", "wgmma")
@@ -15,7 +14,7 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     """mma.sync: every built (rows_per_warp, warps), x in L1 or shared, at the m_tiles that cover M in
     one block and one smaller, minus the combinations that spill (4 row tiles at m_tiles >= 4).
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
-    256) and one smaller; clusters of 2 and 4 CTAs where that block_m covers M in one block (<= 64).
+    256) and one smaller.
     The table's current config for M is always a candidate (the incumbent)."""
     from kernels.tile_gemm import config_for
 
@@ -28,14 +27,14 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     cover = next((b for b in WGMMA_BLOCK_M if b >= m), WGMMA_BLOCK_M[-1])
     blocks = sorted({cover, max(WGMMA_BLOCK_M[0], cover // 2)})
     if "wgmma" in kinds:
-        out += [WgmmaConfig(b, wg, rb, cl) for b in blocks for wg in (1, 2) for rb in (1, 2) for cl in WGMMA_CLUSTERS
-                if (rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS) and (cl == 1 or m <= b <= WGMMA_MAX_BM_CLUSTER)]
+        out += [WgmmaConfig(b, wg, rb) for b in blocks for wg in (1, 2) for rb in (1, 2)
+                if rb == 1 or b <= WGMMA_MAX_BM_2_ROW_BLOCKS]
     return list(dict.fromkeys(out))
 
 
 def label(c: Config) -> str:
     if isinstance(c, WgmmaConfig):
-        return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}" + (f" cl{c.cluster}" if c.cluster > 1 else "")
+        return f"wgmma bm{c.block_m} wg{c.warpgroups} rb{c.row_blocks}"
     return f"tile mt{c.m_tiles} r{c.rows_per_warp} w{c.warps} b{c.min_ctas} {'xs' if c.x_shared else 'xl1'}"
 
 

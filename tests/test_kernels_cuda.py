@@ -10,8 +10,7 @@ from engine.nvfp4 import Nvfp4Weight, dequantize_raw, quantize
 from kernels import tile_layout, tuning
 from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
                                 tile_available)
-from kernels.tile_gemm import (BUILT, WGMMA_BLOCK_M, WGMMA_CLUSTERS, WGMMA_MAX_BM_CLUSTER, TileConfig, WgmmaConfig,
-                               tile_gemm)
+from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, TileConfig, WgmmaConfig, tile_gemm
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not available()[0], reason=f"kernel: {available()[1]}")]
 MS = (1, 2, 3, 16, 17, 64, 256)
@@ -64,27 +63,6 @@ def test_every_built_tile_config_at_every_m(cfg):
                                                             dtype=torch.bfloat16))
         assert torch.isfinite(y).all()
         assert relative_error(y, reference_gemm(x, packed, scale, gs)) <= MAX_REL_ERR, (cfg, m)
-
-
-@pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")
-@pytest.mark.parametrize("cfg", [WgmmaConfig(bm, wg, rb, cl) for bm in WGMMA_BLOCK_M if bm <= WGMMA_MAX_BM_CLUSTER
-                                 for wg in (1, 2) for rb in (1, 2) for cl in WGMMA_CLUSTERS if cl > 1], ids=repr)
-def test_every_wgmma_cluster_config_at_every_m_it_serves(cfg):
-    """Clusters share one M block: every M up to block_m, on a ragged N whose CTAs do not fill the last
-    cluster (the extra CTAs' rows are past the end), split and unsplit K."""
-    from kernels.nvfp4_gemm import random_weight
-
-    packed, scale, gs = random_weight(4096 + 48, 1024, "cuda", _seed())
-    op = tile_layout.repack(packed, scale)
-    for m in [m for m in MS if m <= cfg.block_m] + [cfg.block_m]:
-        x = torch.randn(m, 1024, device="cuda").bfloat16()
-        for sms in (132, 8):  # 132: K split 4 ways; 8: one split
-            y = tile_gemm(x, op, gs, config=cfg, sms=sms,
-                          out=torch.full((m, 4144), float("nan"), device="cuda", dtype=torch.bfloat16))
-            assert torch.isfinite(y).all()
-            assert relative_error(y, reference_gemm(x, packed, scale, gs)) <= MAX_REL_ERR, (cfg, m, sms)
-    with pytest.raises(ValueError, match="M must be <= block_m"):
-        tile_gemm(torch.randn(cfg.block_m + 1, 1024, device="cuda").bfloat16(), op, gs, config=cfg)
 
 
 @pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")

@@ -28,9 +28,8 @@ cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream
 
 // The wgmma kernel: p.x must be x laid out by wgmma_x_tiles for the same block_m; block_m in
 // {16, 32, 64, 128, 256} rows of x per CTA (the wgmma's N), warpgroups in {1, 2}, row_blocks (64-row
-// blocks of W per warpgroup) 1, or 2 where block_m <= 64; cluster 1, or 2 or 4 CTAs sharing x by
-// multicast where block_m <= 64 and one M block covers M.
-cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int cluster, int splits,
+// blocks of W per warpgroup) 1, or 2 where block_m <= 64.
+cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int splits,
                        cudaStream_t stream);
 
 // x [M, K] (row stride ldx) -> out [ceil(M/block_m)][K/64][block_m][64] bf16: each block_m x 64 stage

@@ -42,16 +42,12 @@ struct Staging {
   static constexpr int CPS = BM <= 64 ? 4 : 1;
   static constexpr int kStageBytes = CPS * BM * kChunkBytes;
   static constexpr int kStages = CPS == 1 ? (BM >= 128 ? 4 : 8) : (BM <= 32 ? 4 : 3);
-  static constexpr int kSmem = kStages * (kStageBytes + 16) + 1024;  // stages, 2 mbarriers each, alignment room
+  static constexpr int kSmem = kStages * (kStageBytes + 8) + 1024;  // stages, mbarriers, alignment room
 };
 
 // grid: (M blocks x CTAs over 64*RB*WGS-row blocks, K splits); the M block varies fastest, so CTAs
 // that share weights run together and the re-reads of large M come from L2.
-// CL > 1 (only where one M block covers M): clusters of CL CTAs of neighbouring row blocks share x.
-// Each CTA's thread 0 copies 1/CL of every stage and multicasts it to the whole cluster, so x is read
-// from L2 once per cluster; a slot is refilled once every CTA of the cluster has freed it (the
-// stage's "empty" mbarrier, CL arrivals, local and remote).
-template <int BM, int WGS, int RB, int CL>
+template <int BM, int WGS, int RB>
 __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p, int m_blocks) {
   using St = Staging<BM>;
   constexpr int S = St::kStages, kStageBytes = St::kStageBytes, CPS = St::CPS;
@@ -59,7 +55,6 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t xs = smem0 + ((1024 - (smem0 & 1023)) & 1023);  // the swizzle repeats every 1024 bytes
   const uint32_t full = xs + S * kStageBytes;  // S mbarriers: stage s holds its chunks
-  const uint32_t empty = full + 8 * S;          // S mbarriers (CL > 1): every CTA of the cluster freed slot s
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -78,13 +73,10 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   if (cg0 < cg1) fetch(buf0, cg0);
 
   if (tid == 0) {
-    for (int s = 0; s < S; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, CL);
+    for (int s = 0; s < S; ++s) mbar_init(full + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if constexpr (CL > 1) cluster_sync();  // every CTA's mbarriers exist before any copy or remote arrive
-  else __syncthreads();
-  const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
-  constexpr int kPart = kStageBytes / CL;  // the bytes of a stage this CTA copies (and multicasts)
+  __syncthreads();
 
   // Thread 0: stage q (chunks 4*cg0 + CPS*q ...) into slot q % S.
   const uint8_t* x_tiles =
@@ -93,13 +85,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     if (q >= n_stages) return;
     const unsigned s = q % S;
     mbar_expect_bytes(full + 8 * s, kStageBytes);
-    if constexpr (CL == 1) {
-      bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, kStageBytes, full + 8 * s);
-    } else {
-      if (q >= S) mbar_wait(empty + 8 * s, (q / S - 1) & 1);  // stage q - S is done in every CTA
-      bulk_copy_multicast(xs + s * kStageBytes + rank * kPart, x_tiles + (size_t)q * kStageBytes + rank * kPart,
-                          kPart, full + 8 * s, (1u << CL) - 1);
-    }
+    bulk_copy(xs + s * kStageBytes, x_tiles + (size_t)q * kStageBytes, kStageBytes, full + 8 * s);
   };
   if (tid == 0) {
     grid_dependency_wait();  // x_tiles_kernel's output is complete and visible (only thread 0 reads it)
@@ -122,9 +108,6 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     for (int cc = 0; cc < 4; ++cc) {
       if (cc % CPS == 0) {
         __syncthreads();  // every wgmma of stage q - 2 has completed (wait<kInFlight> below)
-        if constexpr (CL > 1)
-          if (tid == 0 && q >= 2)  // this CTA is done with stage q - 2's slot: tell every CTA's empty barrier
-            for (uint32_t r = 0; r < CL; ++r) mbar_arrive_cluster(empty + 8 * ((q - 2) % S), r);
         if (tid == 0) issue(q + S - 2);  // into stage q - 2's slot
         mbar_wait(full + 8 * slot, phase);  // stage q has landed
         desc0 = sw128_desc(xs + slot * kStageBytes);
@@ -176,7 +159,6 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
       else p.y[off] = __float2bfloat16_rn(acc[rb][i] * p.out_scale);
     }
   }
-  if constexpr (CL > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }
 
 // One thread per 16-byte piece of the staged layout [M block][chunk][BM rows][8 pieces]: piece
@@ -200,47 +182,33 @@ __global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, i
   out[idx] = v;
 }
 
-template <int BM, int WGS, int RB, int CL>
+template <int BM, int WGS, int RB>
 cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
+  const int ctas = (p.row_tiles + 4 * WGS * RB - 1) / (4 * WGS * RB);
   const int m_blocks = (p.m + BM - 1) / BM;
-  if (CL > 1 && m_blocks > 1) return cudaErrorInvalidValue;  // a cluster's CTAs must share one M block
-  const int row_ctas = (p.row_tiles + 4 * WGS * RB - 1) / (4 * WGS * RB);
-  const int ctas = (row_ctas + CL - 1) / CL * CL;  // whole clusters: the extra CTAs' rows are past the end
   constexpr int smem = Staging<BM>::kSmem;
-  auto kernel = wgmma_gemm_kernel<BM, WGS, RB, CL>;
+  auto kernel = wgmma_gemm_kernel<BM, WGS, RB>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: the GEMM's CTAs start while x_tiles_kernel runs, so its launch,
   // prologue and first weight loads overlap that kernel (griddepcontrol in both kernels).
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = CL, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(ctas * m_blocks, splits);
   cfg.blockDim = dim3(WGS * 128);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p, m_blocks);
 }
 
 template <int BM, int RB>
-cudaError_t launch_wg(const TileGemmArgs& p, int warpgroups, int cluster, int splits, cudaStream_t stream) {
-  switch (warpgroups * 10 + cluster) {
-    case 11: return launch<BM, 1, RB, 1>(p, splits, stream);
-    case 21: return launch<BM, 2, RB, 1>(p, splits, stream);
-  }
-  if constexpr (BM <= 64) {  // clusters where one M block is the common case
-    switch (warpgroups * 10 + cluster) {
-      case 12: return launch<BM, 1, RB, 2>(p, splits, stream);
-      case 14: return launch<BM, 1, RB, 4>(p, splits, stream);
-      case 22: return launch<BM, 2, RB, 2>(p, splits, stream);
-      case 24: return launch<BM, 2, RB, 4>(p, splits, stream);
-    }
-  }
+cudaError_t launch_wg(const TileGemmArgs& p, int warpgroups, int splits, cudaStream_t stream) {
+  if (warpgroups == 1) return launch<BM, 1, RB>(p, splits, stream);
+  if (warpgroups == 2) return launch<BM, 2, RB>(p, splits, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -254,19 +222,18 @@ cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int bl
   return cudaGetLastError();
 }
 
-cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int cluster, int splits,
+cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int splits,
                        cudaStream_t stream) {
   cudaError_t err;
-  const int c = cluster;
   switch (block_m * 10 + row_blocks) {  // two row blocks need 2 x BM/2 accumulators: BM <= 64
-    case 161: err = launch_wg<16, 1>(p, warpgroups, c, splits, stream); break;
-    case 162: err = launch_wg<16, 2>(p, warpgroups, c, splits, stream); break;
-    case 321: err = launch_wg<32, 1>(p, warpgroups, c, splits, stream); break;
-    case 322: err = launch_wg<32, 2>(p, warpgroups, c, splits, stream); break;
-    case 641: err = launch_wg<64, 1>(p, warpgroups, c, splits, stream); break;
-    case 642: err = launch_wg<64, 2>(p, warpgroups, c, splits, stream); break;
-    case 1281: err = launch_wg<128, 1>(p, warpgroups, c, splits, stream); break;
-    case 2561: err = launch_wg<256, 1>(p, warpgroups, c, splits, stream); break;
+    case 161: err = launch_wg<16, 1>(p, warpgroups, splits, stream); break;
+    case 162: err = launch_wg<16, 2>(p, warpgroups, splits, stream); break;
+    case 321: err = launch_wg<32, 1>(p, warpgroups, splits, stream); break;
+    case 322: err = launch_wg<32, 2>(p, warpgroups, splits, stream); break;
+    case 641: err = launch_wg<64, 1>(p, warpgroups, splits, stream); break;
+    case 642: err = launch_wg<64, 2>(p, warpgroups, splits, stream); break;
+    case 1281: err = launch_wg<128, 1>(p, warpgroups, splits, stream); break;
+    case 2561: err = launch_wg<256, 1>(p, warpgroups, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p.partial == nullptr) return err;

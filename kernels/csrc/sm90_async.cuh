@@ -43,31 +43,6 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int byt
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// Thread blocks clusters: this CTA's rank, a barrier of every thread of the cluster, an arrive on
-// CTA `rank`'s mbarrier at the same shared offset as `bar`, and a bulk copy written to the same
-// offset of every CTA in `mask` (each CTA's mbarrier at `bar` gets the complete_tx of its bytes).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar,
-                                                    uint32_t mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"((uint16_t)mask) : "memory");
-}
-
 // Programmatic dependent launch (PTX griddepcontrol): a primary grid lets its dependent grid start
 // early; the dependent waits for the primary's completion and memory before reading its output.
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }

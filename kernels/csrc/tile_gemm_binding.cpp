@@ -76,15 +76,14 @@ torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m) {
 
 void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                     const c10::optional<torch::Tensor>& partial, double out_scale, int64_t block_m,
-                    int64_t warpgroups, int64_t row_blocks, int64_t cluster, int64_t groups_per_split) {
+                    int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
   const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
-  const cudaError_t err =
-      wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)cluster, (int)splits, stream_of(x));
+  const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "wgmma_gemm launch failed: ", cudaGetErrorString(err), " (block_m=", block_m,
-              " warpgroups=", warpgroups, " row_blocks=", row_blocks, " cluster=", cluster, ")");
+              " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
 }
 
 }  // namespace
