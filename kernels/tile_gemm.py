@@ -4,7 +4,8 @@ Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_
 (`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
 picks one per M. Built, checked and measured slower, so removed (docs/KERNEL-NOTES.md): a
 warp-specialized wgmma kernel, weights streamed into shared memory by a producer warp (commit ef353bc),
-and one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784).
+one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784), an mma.sync kernel with
+a register ring of weights (f40e3dc) and wgmma clusters sharing x by multicast (9d8c17e).
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
