@@ -22,14 +22,6 @@
 
 using namespace tile;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int NT, int MODE>
 __global__ void __launch_bounds__(128) chain(int iters, const uint4* wsrc, long long* cycles, float* sink) {
   __shared__ uint4 xs[4][NT][2][32];  // 4 chunks of B fragments, one 32-byte run per lane per n8 tile

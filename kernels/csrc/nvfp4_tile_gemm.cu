@@ -26,14 +26,6 @@ using namespace tile;
 
 constexpr int K_GROUP_BYTES = 256 * 2;      // one K group of x rows in bf16
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Lane (g, t)'s x rows 8*nt + g of this M block, at K offset 16t (nullptr past the last row).
 template <int MT>
 struct XRows {
