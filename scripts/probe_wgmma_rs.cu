@@ -9,9 +9,14 @@
 // steps decoded before its first wgmma; 8: as 2 with the two rotations done as 64-bit multiplies by
 // 2^29 and 2^26 (IMAD.WIDE on the FMA pipe; the low and high halves ORed by the mask's LOP3): the same
 // decode with 2 integer-pipe instructions fewer; 9: as 2 plus 2 LOP3 that change nothing (k ^ 0 ^ 0);
-// 10: as 2 plus 2 IMAD that change nothing (x * 1 + 0). 9 and 10 tell which pipe the step waits on.
+// 10: as 2 plus 2 IMAD that change nothing (x * 1 + 0). 9 and 10 tell which pipe the step waits on;
+// 11: as 1 with 4 A fragments decoded and scaled before the loop, a different one every step (the
+// step's wgmma on data like the GEMM's, without its decode).
 // Build and run: `bash scripts/device_kernels.sh rsprobe` (nvcc, sm_90a); the binary with the argument
-// `pipes` runs modes 0, 2, 6, 8, 9, 10 only, twice. One JSON line per config:
+// `pipes` runs modes 0, 2, 6, 8, 9, 10 only, twice; with `energy`, modes 0, 11 and 2 at the GEMM table's
+// M=16 and M=64 occupancy, each for about 2 s between two reads of NVML's total-energy counter, and
+// prints energy per weight and per FLOP (what the MMA and the decode cost, for scripts/probe_energy.py's
+// floor). One JSON line per config:
 // cycles per wgmma per SM (clock64, the median warp) against the N/2 of the dense BF16 peak.
 // SS wrappers: scripts/probe_wgmma_ss.cuh, written by scripts/gen_probe_wgmma_ss.py.
 #include <cuda_bf16.h>
@@ -21,6 +26,7 @@
 #include <vector>
 #include <algorithm>
 #include <string>
+#include <dlfcn.h>
 
 #include "nvfp4_tile_decode.cuh"
 #include "sm90_async.cuh"
@@ -75,6 +81,9 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
       r[2] = mul_bf16x2(r[2], s_lo); r[3] = mul_bf16x2(r[3], s_hi);
     }
   };
+  uint32_t pre[4][4];  // MODE 11: one scaled A fragment per step of a chunk
+#pragma unroll
+  for (int i = 0; i < 4; ++i) decode(pre[i], i, 0);
   for (int it = 0; it < iters; ++it) {
     if constexpr (MODE == 5) if ((it & 3) == 0) __syncthreads();
     uint32_t ch[4][4];
@@ -85,10 +94,11 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint64_t desc = db + (it & 3) * (N * 128 >> 4) + 2 * i;
-      if constexpr (MODE == 2 || MODE == 5 || MODE == 6 || MODE >= 8) decode(a, i, it);
+      if constexpr (MODE == 2 || MODE == 5 || MODE == 6 || (MODE >= 8 && MODE <= 10)) decode(a, i, it);
       if constexpr (MODE >= 1) wgmma_fence();
       if constexpr (MODE == 3) wgmma_ss<N>(acc, da + (it & 3) * (64 * 128 >> 4) + 2 * i, desc);
       else if constexpr (MODE == 7) wgmma_rs<N>(acc, ch[i], desc);
+      else if constexpr (MODE == 11) wgmma_rs<N>(acc, pre[i], desc);
       else wgmma_rs<N>(acc, a, desc);
       wgmma_commit();
       wgmma_wait<3>();
@@ -105,31 +115,86 @@ __global__ void __launch_bounds__(WG * 128, 1) chain(int iters, const uint4* wsr
 
 const uint4 kOpq = {1u << 29, 1u << 26, 0u, 1u};
 
+// One config's launches: CPS CTAs per SM, ~the same FLOPs per warpgroup for every N.
+template <int N, int MODE, int WG, int CPS>
+struct Chain {
+  static constexpr int kSmem = (CPS == 1 ? 200 : CPS == 2 ? 100 : 64) * 1024;
+  static constexpr int kIters = 2048 * 64 / N;
+  static constexpr double kWgmmasPerSm = 4.0 * kIters * WG * CPS;
+  int sms0;
+  explicit Chain(int s) : sms0(s) {
+    cudaFuncSetAttribute(chain<N, MODE, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  }
+  void launch(const uint4* w, long long* cyc, float* sink) const {
+    chain<N, MODE, WG><<<sms0 * CPS, WG * 128, kSmem>>>(kIters, w, cyc, sink, kOpq);
+  }
+  float ms_of(int reps, const uint4* w, long long* cyc, float* sink) const {  // total ms of `reps` launches
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    for (int r = 0; r < reps; ++r) launch(w, cyc, sink);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
+    return ms;
+  }
+  long long median_cycles(long long* cyc) const {  // of the last launch's warps
+    std::vector<long long> c(sms0 * CPS * WG * 4);
+    cudaMemcpy(c.data(), cyc, c.size() * 8, cudaMemcpyDeviceToHost);
+    std::sort(c.begin(), c.end());
+    return c[c.size() / 2];
+  }
+};
+
 template <int N, int MODE, int WG, int CPS = 1>
 void run(int sms0, const uint4* w, long long* cyc, float* sink) {
-  auto k = chain<N, MODE, WG>;
-  const int kSmem = (CPS == 1 ? 200 : CPS == 2 ? 100 : 64) * 1024, sms = sms0 * CPS;  // CPS CTAs per SM
-  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  const int iters = 2048 * 64 / N;  // ~same FLOPs per warpgroup for every N
-  k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink, kOpq);  // warm-up
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
-  const int reps = 10;
-  cudaEventRecord(e0);
-  for (int r = 0; r < reps; ++r) k<<<sms, WG * 128, kSmem>>>(iters, w, cyc, sink, kOpq);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0; cudaEventElapsedTime(&ms, e0, e1); ms /= reps;
+  const Chain<N, MODE, WG, CPS> ch(sms0);
+  ch.launch(w, cyc, sink);  // warm-up
+  const float ms = ch.ms_of(10, w, cyc, sink) / 10;
   cudaError_t err = cudaGetLastError();
-  std::vector<long long> c(sms * WG * 4);
-  cudaMemcpy(c.data(), cyc, c.size() * 8, cudaMemcpyDeviceToHost);
-  std::sort(c.begin(), c.end());
-  const double wgmmas = 4.0 * iters * WG * CPS;  // per SM
-  const double cpw = c[c.size() / 2] / wgmmas, flop = 2.0 * 64 * N * 16 * wgmmas * sms0;
+  const long long c = ch.median_cycles(cyc);
+  const double cpw = c / ch.kWgmmasPerSm, flop = 2.0 * 64 * N * 16 * ch.kWgmmasPerSm * sms0;
   printf("{\"n\": %d, \"mode\": %d, \"ctas_per_sm\": %d, \"wg\": %d, \"cycles_per_wgmma\": %.2f, \"ideal\": %d, \"eff\": %.3f, "
          "\"tflops\": %.1f, \"ghz\": %.3f, \"ms\": %.4f, \"err\": \"%s\"}\n",
-         N, MODE, CPS, WG, cpw, N / 2, (N / 2) / cpw, flop / ms / 1e9, c[c.size() / 2] / (ms * 1e6), ms,
-         cudaGetErrorString(err));
+         N, MODE, CPS, WG, cpw, N / 2, (N / 2) / cpw, flop / ms / 1e9, c / (ms * 1e6), ms, cudaGetErrorString(err));
+}
+
+// NVML's total-energy counter (mJ since the driver loaded), through dlopen: the probe links only cudart.
+struct Nvml {
+  void* dev = nullptr;
+  int (*energy)(void*, unsigned long long*) = nullptr;
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    energy = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    if (!init || !handle || !energy || init() != 0 || handle(0, &dev) != 0) energy = nullptr;
+  }
+  unsigned long long mj() const {
+    unsigned long long v = 0;
+    if (!energy || energy(dev, &v) != 0) { fprintf(stderr, "NVML energy counter unavailable\n"); exit(1); }
+    return v;
+  }
+};
+
+// About 2 s of back-to-back launches between two energy reads: energy per weight (1024 per wgmma)
+// and per FLOP, idle power included (the caller subtracts it).
+template <int N, int MODE, int WG, int CPS>
+void run_energy(const Nvml& nvml, int sms0, const uint4* w, long long* cyc, float* sink) {
+  const Chain<N, MODE, WG, CPS> ch(sms0);
+  ch.launch(w, cyc, sink);
+  const int reps = std::max(10, static_cast<int>(2000.f / (ch.ms_of(10, w, cyc, sink) / 10)));
+  const unsigned long long e0 = nvml.mj();
+  const float ms = ch.ms_of(reps, w, cyc, sink);
+  const unsigned long long e1 = nvml.mj();
+  cudaError_t err = cudaGetLastError();
+  const double wgmmas = ch.kWgmmasPerSm * sms0 * reps, mj = double(e1 - e0);
+  printf("{\"energy\": true, \"n\": %d, \"mode\": %d, \"ctas_per_sm\": %d, \"wg\": %d, \"seconds\": %.3f, \"mj\": %.0f, "
+         "\"watts\": %.1f, \"wgmmas\": %.4g, \"weights\": %.4g, \"flop\": %.4g, \"ghz\": %.3f, \"err\": \"%s\"}\n",
+         N, MODE, CPS, WG, ms / 1e3, mj, mj / ms, wgmmas, wgmmas * 1024, wgmmas * 2.0 * 64 * N * 16,
+         ch.median_cycles(cyc) / (ms / reps * 1e6), cudaGetErrorString(err));
+  fflush(stdout);
 }
 
 template <int N, int WG, int CPS>
@@ -156,6 +221,14 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> h(512 * 4);
   for (size_t i = 0; i < h.size(); ++i) h[i] = (uint32_t)(i * 2654435761u) ^ 0x5bd1e995u;
   cudaMemcpy(w, h.data(), 512 * 16, cudaMemcpyHostToDevice);
+  if (argc > 1 && std::string(argv[1]) == "energy") {  // the GEMM table's M=16 and M=64 occupancy
+    const Nvml nvml;
+    run_energy<16, 0, 1, 3>(nvml, sms, w, cyc, sink); run_energy<16, 11, 1, 3>(nvml, sms, w, cyc, sink);
+    run_energy<16, 2, 1, 3>(nvml, sms, w, cyc, sink);
+    run_energy<64, 0, 2, 2>(nvml, sms, w, cyc, sink); run_energy<64, 11, 2, 2>(nvml, sms, w, cyc, sink);
+    run_energy<64, 2, 2, 2>(nvml, sms, w, cyc, sink);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "pipes") {
     for (int rep = 0; rep < 2; ++rep) {
       pipe_modes<16, 1, 2>(sms, w, cyc, sink); pipe_modes<16, 1, 3>(sms, w, cyc, sink);
