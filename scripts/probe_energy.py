@@ -8,11 +8,12 @@ The floor: energy above idle (dynamic) per unit of work, each measured alone at 
 a DRAM read of random bytes (pJ per byte), compute-bound cuBLAS on NVFP4-valued weights (pJ per FLOP),
 and, from the wgmma chain microbenchmark (`--chain BINARY`: scripts/probe_wgmma_rs.cu built, run with
 `energy`), the GEMM's own wgmma on its own kind of data without and with its decode (pJ per FLOP,
-pJ per weight). At the cap, time per call >= dynamic energy / (cap - idle). Summing the parts a head
-GEMM cannot avoid (its 715 MB read, its MMA, and, for this design, its decode) gives a time no kernel
-of that kind beats on this board; the targets are set against it. The sum assumes the parts add, and
-each part's energy per unit was measured at its own clock (the row prints it): a part measured at a
-higher clock than the GEMM runs at overstates its share.
+pJ per weight). At the cap, time per call >= dynamic energy / (cap - idle). The sum of the parts a head
+GEMM cannot avoid (its 715 MB read, its MMA, and, for this design, its decode) over that budget is the
+`floor_*` estimate, set beside the targets. It is an estimate, not a bound: it assumes the parts add,
+and each part's energy per unit was measured at its own clock (the row prints it), so a part measured
+at a higher clock than the GEMM runs at overstates its share (on 2026-12-03 the sum with the decode
+came out 10% above the measured M=16 call).
 
 Run on the GPU box: `python3 scripts/probe_energy.py [--chain /tmp/probe_wgmma_rs]` (PYTHONPATH = the
 checkout). Prints a table, then one JSON line.
@@ -151,7 +152,7 @@ def print_report(limit: float, idle_w: float, rows: list[dict], chain: list[dict
     for c in chain:
         print(f"chain N={c['n']} mode {c['mode']:<3} {c['watts']:>6.0f} W {c['ghz']:.2f} GHz "
               f"{(c['mj'] - idle_w * c['seconds'] * 1e3) * 1e9 / c['weights']:>7.2f} pJ/weight (dynamic)")
-    print(f"{'M':>3}{'measured':>10}{'target':>9}{'floor: read+MMA':>17}{'+decode':>9}   (ms; mJ above idle: "
+    print(f"{'M':>3}{'measured':>10}{'target':>9}{'est.: read+MMA':>17}{'+decode':>9}   (ms; mJ above idle: "
           "measured / target)")
     for f in fl:
         print(f"{f['m']:>3}{f['measured_ms']:>10.4f}{f['target_ms']:>9.4f}{f['floor_stream_mma_ms']:>17.4f}"
