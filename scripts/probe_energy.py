@@ -151,7 +151,7 @@ def print_report(limit: float, idle_w: float, rows: list[dict], chain: list[dict
               f"{r['sm_mhz_median']:>11}{r['sm_mhz_p10']:>6}")
     for c in chain:
         print(f"chain N={c['n']} mode {c['mode']:<3} {c['watts']:>6.0f} W {c['ghz']:.2f} GHz "
-              f"{(c['mj'] - idle_w * c['seconds'] * 1e3) * 1e9 / c['weights']:>7.2f} pJ/weight (dynamic)")
+              f"{dynamic_mj(c['mj'], c['seconds'] * 1e3, idle_w) * 1e9 / c['weights']:>7.2f} pJ/weight (dynamic)")
     print(f"{'M':>3}{'measured':>10}{'target':>9}{'est.: read+MMA':>17}{'+decode':>9}   (ms; mJ above idle: "
           "measured / target)")
     for f in fl:

@@ -16,7 +16,7 @@
 // `pipes` runs modes 0, 2, 6, 8, 9, 10 only, twice; with `energy`, modes 0, 11 and 2 at the GEMM table's
 // M=16 and M=64 occupancy, each for about 2 s between two reads of NVML's total-energy counter, and
 // prints energy per weight and per FLOP (what the MMA and the decode cost, for scripts/probe_energy.py's
-// floor). One JSON line per config:
+// estimate). One JSON line per config:
 // cycles per wgmma per SM (clock64, the median warp) against the N/2 of the dense BF16 peak.
 // SS wrappers: scripts/probe_wgmma_ss.cuh, written by scripts/gen_probe_wgmma_ss.py.
 #include <cuda_bf16.h>
@@ -136,6 +136,7 @@ struct Chain {
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0; cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
     return ms;
   }
   long long median_cycles(long long* cyc) const {  // of the last launch's warps
