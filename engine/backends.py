@@ -3,11 +3,13 @@
 A backend is a device plus, optionally, an `Fp4Gemm`. `cpu` never has one: its NVFP4 Linears
 dequantize per call into a temporary (see engine.linear). `cuda` registers `kernels.nvfp4_gemm`
 lazily, the first time it is asked for, when that module exists and its `available()` says yes;
-until then `cuda` behaves exactly like a backend without an fp4 GEMM.
+until then `cuda` behaves exactly like a backend without an fp4 GEMM. REGATE_FP4_GEMM=0 keeps it
+unregistered (how the tests show that a packed arm without the kernel is refused, never measured).
 """
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,6 +17,7 @@ import torch
 
 BACKENDS = ("cpu", "cuda")
 _KERNEL_MODULE = "kernels.nvfp4_gemm"
+ENV_FP4_GEMM = "REGATE_FP4_GEMM"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ def fp4_gemm_status(backend: str) -> tuple[bool, str]:
 
 
 def _probe_cuda_kernel() -> None:
+    if os.environ.get(ENV_FP4_GEMM, "1") == "0":
+        _probed["cuda"] = f"{ENV_FP4_GEMM}=0"
+        return
     try:
         mod = importlib.import_module(_KERNEL_MODULE)
     except ModuleNotFoundError as e:

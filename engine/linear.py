@@ -103,6 +103,12 @@ def load_head(w: Nvfp4Weight | torch.Tensor, arm: str, gemm: Fp4Gemm | None):
     return Nvfp4Linear(w, gemm, role="head", w4a4=False)
 
 
+def head_on_fp4_gemm(model) -> bool:
+    """Whether the model's lm_head multiplies its packed bytes in an fp4 GEMM (not a BF16 operand)."""
+    head = getattr(model, "lm_head", None)
+    return isinstance(head, Nvfp4Linear) and head.gemm is not None and head.weight.dequant_b is None
+
+
 def prepare_linear(lin) -> None:
     """Once, after load and placement: repack for the fp4 GEMM, or build the head's one operand."""
     if not isinstance(lin, Nvfp4Linear):

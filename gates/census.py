@@ -2,14 +2,16 @@
 
 Load it with `pytest -p gates.census`. A test takes the `check` fixture and routes every assertion
 through it: `check(cond, "what")`, `check.equal(found, expected, "what")`; `check.note(text)`
-records a finding that is reported, not failed. Checks are soft: a failed
+records a finding that is reported, not failed; `check.tally(name, count, of)` adds a counted finding
+(e.g. 8 of 32 oracle positions undetermined) that the record and the report carry as numbers. Checks are soft: a failed
 check is recorded and the test goes on (so a run counts every assertion, like the seed's
 "7/7, 1314/1314"), and the test fails at the end of its call with every failed check listed.
 
 With env `REGATE_CENSUS_OUT=path` the plugin writes, atomically at session end:
   {"schema_version": 1, "checks_passed", "checks_total", "tests_passed", "tests_total",
-   "collection_errors", "tests": {nodeid: {"checks_passed", "checks_total", "outcome", "failed_checks",
-   "notes", "message"}}}
+   "collection_errors", "tallies": {name: {"count", "of"}} (summed over tests),
+   "tests": {nodeid: {"checks_passed", "checks_total", "outcome", "failed_checks", "notes", "tallies",
+   "message"}}}
 `outcome` is passed | failed | error | skipped. `census_verdict` judges such a record against a suite's
 census: fewer (or more) tests or checks than the census is RED even when all passed.
 """
@@ -38,6 +40,7 @@ class NodeCensus:
     checks_total: int = 0
     failed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # findings that are reported, not failed
+    tallies: dict[str, list[int]] = field(default_factory=dict)  # name -> [count, of]
     outcome: str = "not-run"
     message: str = ""
 
@@ -63,6 +66,14 @@ class Check:
     def note(self, text: str) -> None:
         """Report a finding that is not a failure (an undetermined position, with its margin)."""
         self._r.notes.append(text)
+
+    def tally(self, name: str, count: int, of: int) -> None:
+        """Add `count` findings out of `of` cases under `name` (reported as numbers, never failed)."""
+        if not (isinstance(count, int) and isinstance(of, int) and 0 <= count <= of):
+            raise ValueError(f"tally {name!r}: expected integers 0 <= count <= of, found {count!r} of {of!r}")
+        acc = self._r.tallies.setdefault(name, [0, 0])
+        acc[0] += count
+        acc[1] += of
 
     @property
     def failures(self) -> int:
@@ -132,9 +143,16 @@ def _first_line(report) -> str:
 def summarize(census: _Census) -> dict:
     tests = {
         nodeid: {"checks_passed": r.checks_passed, "checks_total": r.checks_total, "outcome": r.outcome,
-                 "failed_checks": r.failed[:_MAX_LISTED], "notes": r.notes, "message": r.message}
+                 "failed_checks": r.failed[:_MAX_LISTED], "notes": r.notes,
+                 "tallies": {k: {"count": c, "of": n} for k, (c, n) in r.tallies.items()}, "message": r.message}
         for nodeid, r in census.tests.items()
     }
+    tallies: dict[str, dict] = {}
+    for r in census.tests.values():
+        for k, (c, n) in r.tallies.items():
+            acc = tallies.setdefault(k, {"count": 0, "of": 0})
+            acc["count"] += c
+            acc["of"] += n
     return {
         "schema_version": SCHEMA_VERSION,
         "checks_passed": sum(r.checks_passed for r in census.tests.values()),
@@ -142,6 +160,7 @@ def summarize(census: _Census) -> dict:
         "tests_passed": sum(r.outcome == "passed" for r in census.tests.values()),
         "tests_total": sum(r.outcome != "skipped" for r in census.tests.values()),
         "collection_errors": census.collection_errors,
+        "tallies": tallies,
         "tests": tests,
     }
 

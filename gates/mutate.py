@@ -2,7 +2,8 @@
 
 A pin is KILLED when its suite goes red with at least `expected_min` failures (failed checks, plus
 failed tests that failed no check: `gates.census.failure_count`), SURVIVED otherwise, STALE when it no
-longer applies. The suite is also run once UNmutated per suite (the baseline): a suite that is red
+longer applies, NOT_RUN when its suite needs a CUDA GPU and this machine has none (a CUDA suite
+skips every test there, which would read as "green under the mutation"). The suite is also run once UNmutated per suite (the baseline): a suite that is red
 without the mutation proves nothing, so its pins read SURVIVED with that reason.
 
 The tree given is never modified: every run happens in its own temp copy, removed afterwards.
@@ -23,7 +24,7 @@ from gates.census import ENV_OUT, failure_count
 from gates.manifest import Suite, load_manifest
 from gates.pins import Pin, PinStale, apply_pin, load_pins
 
-KILLED, SURVIVED, STALE = "KILLED", "SURVIVED", "STALE"
+KILLED, SURVIVED, STALE, NOT_RUN = "KILLED", "SURVIVED", "STALE", "NOT_RUN"
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "*.pyc")
 
 
@@ -39,6 +40,8 @@ def run_pins(tree_root: str | Path, pins: list[str] | None = None, python: str =
     for pin in chosen:
         if pin.suite not in manifest.names():
             result = _result(pin, STALE, 0, f"its suite {pin.suite!r} is not in the manifest", 0.0)
+        elif "cuda" in manifest.suite(pin.suite).needs and not _has_cuda():
+            result = _result(pin, NOT_RUN, 0, f"its suite {pin.suite!r} needs a CUDA GPU; this machine has none", 0.0)
         else:
             suite = manifest.suite(pin.suite)
             if baseline and suite.name not in baselines:  # the whole suite: any part of a green suite is green
@@ -48,6 +51,12 @@ def run_pins(tree_root: str | Path, pins: list[str] | None = None, python: str =
             progress(result)
         results.append(result)
     return results
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_pin(root: Path, pin: Pin, suite: Suite, python: str, base: dict | None) -> dict:
@@ -91,7 +100,7 @@ def run_suite_copy(root: Path, suite: Suite, select: tuple[str, ...], python: st
         return run_suite(tree, suite, select, python)
 
 
-def run_suite(tree: Path, suite: Suite, select: tuple[str, ...], python: str) -> dict:
+def run_suite(tree: Path, suite: Suite, select: tuple[str, ...], python: str, extra_env: dict | None = None) -> dict:
     """Run the suite (or `select` within it) under the census plugin in `tree`, as the orchestrator
     does; returns {failures, rc, record (the census record), detail} (or timed_out). Writes nothing
     into `tree` (the census record goes to a temp dir; no bytecode, no pytest cache)."""
@@ -99,7 +108,7 @@ def run_suite(tree: Path, suite: Suite, select: tuple[str, ...], python: str) ->
         out = Path(tmp) / "census.json"
         python = os.path.abspath(python) if os.sep in python else python  # the run's cwd is the tree
         env = {"OMP_NUM_THREADS": "1", **os.environ, ENV_OUT: str(out), "PYTHONPATH": _pythonpath(tree),
-               "PYTHONDONTWRITEBYTECODE": "1"}
+               "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
         args = [python, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
                 "--rootdir", str(tree), *(select or suite.selection)]
         try:

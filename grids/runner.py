@@ -100,6 +100,11 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
     if record.get("schema_version") != BENCH_SCHEMA_VERSION:
         raise GridError(f"{where}: bench JSON schema_version: expected {BENCH_SCHEMA_VERSION}, "
                         f"found {record.get('schema_version')!r}")
+    params = record.get("params") or {}
+    if params.get("backend") == "cuda" and params.get("lm_head") == "packed" and params.get("head_fp4_gemm") is not True:
+        raise GridError(f"{where}: the packed arm's head did not run on the fp4 GEMM (head_fp4_gemm "
+                        f"{params.get('head_fp4_gemm')!r}, fp4_gemm_reason {params.get('fp4_gemm_reason')!r}): "
+                        "a packed leg on a BF16 operand is an error, never a number")
     rate = record.get("decode_tok_s")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise GridError(f"{where}: bench JSON decode_tok_s: expected a positive number, found {rate!r}")

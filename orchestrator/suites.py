@@ -20,6 +20,7 @@ from orchestrator.build import tree_env
 from orchestrator.procs import run_group
 
 NO_GPU = "no CUDA gate was run: this box has no GPU"
+_MAX_NOTES = 50  # findings a suite reports without failing (margins, measured bytes), kept in the record
 
 
 def pytest_cmd(suite: Suite, junit: Path) -> list[str]:
@@ -35,7 +36,8 @@ def _base(suite: Suite) -> dict:
     return {"name": suite.name, "sacred": suite.sacred, "needs": list(suite.needs),
             "census_tests": suite.census_tests, "census_checks": suite.census_checks,
             "tests_passed": None, "tests_total": None, "checks_passed": None, "checks_total": None,
-            "duration_s": 0.0, "failures": [], "reasons": [], "sacred_modified": False}
+            "duration_s": 0.0, "failures": [], "reasons": [], "sacred_modified": False, "tallies": {},
+            "notes": []}
 
 
 def run_suite(tree: Path, suite: Suite, cancelled: Callable[[], bool] | None = None,
@@ -61,7 +63,9 @@ def judge(suite: Suite, returncode, timed_out: bool, cancelled: bool, junit: dic
     if junit is not None:
         part.update(tests_passed=junit["passed"], tests_total=junit["total"])
     if census is not None:
-        part.update(checks_passed=census["checks_passed"], checks_total=census["checks_total"])
+        part.update(checks_passed=census["checks_passed"], checks_total=census["checks_total"],
+                    tallies=census.get("tallies") or {},
+                    notes=[n for t in census.get("tests", {}).values() for n in t.get("notes", [])][:_MAX_NOTES])
     if timed_out or cancelled:
         what = f"timed out after {suite.timeout_s:.0f} s" if timed_out else "cancelled"
         return part | {"state": "TIMEOUT" if timed_out else "RED",

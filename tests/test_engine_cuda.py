@@ -42,3 +42,23 @@ def test_cuda_close_to_cpu():
     cpu = Engine(tiny()).score(PROMPTS[0])
     gpu = Engine(tiny(), backend="cuda", max_num_seqs=2, max_model_len=64).score(PROMPTS[0]).cpu()
     assert (cpu - gpu).abs().max() < 0.05 * cpu.abs().max()  # BF16 activations against FP32
+
+
+def test_a_packed_bench_without_the_kernel_is_refused(tmp_path):
+    """The kernel disabled (REGATE_FP4_GEMM=0): the packed arm on CUDA would run its head on a BF16
+    operand, so `engine bench` exits 2 and prints no JSON number; the dequant arm still measures."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "REGATE_FP4_GEMM": "0"}
+    base = [sys.executable, "-m", "engine.cli", "bench", "--model", str(tiny()), "--backend", "cuda",
+            "--gen-len", "4", "--iters", "1", "--warmup", "0", "--json"]
+    packed = subprocess.run(base + ["--lm-head", "packed"], env=env, capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 2 and "no number is reported" in packed.stderr, packed.stderr[-2000:]
+    assert not [ln for ln in packed.stdout.splitlines() if ln.startswith("{")]
+    dequant = subprocess.run(base + ["--lm-head", "dequant"], env=env, capture_output=True, text=True, timeout=300)
+    assert dequant.returncode == 0, dequant.stderr[-2000:]
+    params = json.loads(dequant.stdout.splitlines()[-1])["params"]
+    assert params["fp4_gemm"] is False and params["head_fp4_gemm"] is False

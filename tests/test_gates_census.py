@@ -20,6 +20,8 @@ def test_all_pass(check):
         check(i < 5, f"i={i}")
     check.equal(2 + 2, 4, "sum")
     check.note("close call at 3")
+    check.tally("undetermined", 2, 8)
+    check.tally("undetermined", 1, 4)
 
 def test_soft_failures_keep_counting(check):
     check(False, "first")
@@ -58,7 +60,8 @@ def test_counts_outcomes_and_soft_failures(tmp_path):
     assert rc == 1
     t = {k.split("::")[1]: v for k, v in rec["tests"].items()}
     assert t["test_all_pass"] == {"checks_passed": 6, "checks_total": 6, "outcome": "passed",
-                                  "failed_checks": [], "notes": ["close call at 3"], "message": ""}
+                                  "failed_checks": [], "notes": ["close call at 3"],
+                                  "tallies": {"undetermined": {"count": 3, "of": 12}}, "message": ""}
     soft = t["test_soft_failures_keep_counting"]
     assert (soft["checks_passed"], soft["checks_total"], soft["outcome"]) == (1, 3, "failed")
     assert soft["failed_checks"] == ["first", "second: expected 2, found 1"]
@@ -66,7 +69,8 @@ def test_counts_outcomes_and_soft_failures(tmp_path):
     assert t["test_raises"]["outcome"] == "failed" and "boom" in t["test_raises"]["message"]
     assert t["test_skipped"]["outcome"] == "skipped"
     assert t["test_setup_error"]["outcome"] == "error" and t["test_setup_error"]["checks_total"] == 0
-    assert (rec["checks_passed"], rec["checks_total"]) == (8, 10)
+    assert (rec["checks_passed"], rec["checks_total"]) == (8, 10)  # a tally is not a check
+    assert rec["tallies"] == {"undetermined": {"count": 3, "of": 12}}
     assert (rec["tests_passed"], rec["tests_total"]) == (1, 4)
     # failures as pins count them: 2 failed checks + test_setup_error (test_raises failed no check)
     assert failure_count(rec) == 2 + 2
@@ -117,3 +121,10 @@ def test_write_atomic_replaces_whole_file(tmp_path):
     write_atomic(p, {"b": 2})
     assert json.loads(p.read_text()) == {"b": 2}
     assert [q.name for q in p.parent.iterdir()] == ["x.json"]
+
+
+def test_a_tally_must_be_a_count_out_of_a_total(tmp_path):
+    body = "def test_t(check):\n    check.tally('x', 5, 4)\n"
+    rc, rec, _ = run_suite(tmp_path, body)
+    t = rec["tests"]["test_s.py::test_t"]
+    assert rc == 1 and t["outcome"] == "failed" and "0 <= count <= of" in t["message"]

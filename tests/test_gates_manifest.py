@@ -26,8 +26,9 @@ def _good() -> dict:
 
 def test_real_manifest_loads_with_every_suite_of_the_issue():
     m = load_manifest(ROOT)
-    assert set(m.names()) == {"paged_engine", "dense_lmhead_fp4", "paged_forward", "packed_gemm"}
-    assert [s.name for s in m.sacred()] == ["paged_engine"]
+    assert set(m.names()) == {"paged_engine", "dense_lmhead_fp4", "paged_forward", "packed_gemm", "cuda_engine"}
+    assert [s.name for s in m.sacred()] == ["paged_engine", "cuda_engine"]
+    assert m.suite("cuda_engine").needs == ("cuda",)
     assert m.mutations in ("off", "on_gate")
     for s in m.suites:
         assert all((ROOT / f).is_file() for f in s.files), s.name

@@ -11,7 +11,7 @@ import torch
 
 from gates.census import census_verdict
 from gates.manifest import load_manifest
-from gates.mutate import KILLED, run_pins, run_suite
+from gates.mutate import KILLED, NOT_RUN, run_pins, run_suite
 from gates.pins import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,5 +71,21 @@ def test_every_pin_is_killed_on_this_engine():
     """Baselines are the suites above (green); each pin runs its narrowed selection in a fresh copy."""
     results = run_pins(ROOT, baseline=False)
     assert {r["pin"] for r in results} == {p.name for p in load_pins(ROOT)}
-    survived = [(r["pin"], r["state"], r["detail"]) for r in results if r["state"] != KILLED]
-    assert not survived
+    needs_gpu = {p.name for p in load_pins(ROOT) if "cuda" in MANIFEST.suite(p.suite).needs}
+    expected = {r["pin"]: KILLED if torch.cuda.is_available() or r["pin"] not in needs_gpu else NOT_RUN
+                for r in results}
+    wrong = [(r["pin"], r["state"], r["detail"]) for r in results if r["state"] != expected[r["pin"]]]
+    assert not wrong
+
+
+def test_cuda_pins_exist_for_the_cuda_engine_suite():
+    pins = {p.name: p for p in load_pins(ROOT)}
+    assert pins["packed-head-dequant-on-cuda"].suite == "cuda_engine"
+    assert pins["graph-replays-stale-slot-mapping"].suite == "cuda_engine"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_a_cuda_pin_is_not_run_without_a_gpu():
+    """Its suite would skip every test: "green under the mutation" would be a lie, so NOT_RUN."""
+    [r] = run_pins(ROOT, ["packed-head-dequant-on-cuda"])
+    assert r["state"] == NOT_RUN and "needs a CUDA GPU" in r["detail"]

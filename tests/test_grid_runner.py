@@ -116,6 +116,26 @@ def test_bench_json_is_checked(stdout, needle):
         parse_bench("table\n" + stdout + "\n", "cell 0, arm a, leg 1")
 
 
+@pytest.mark.parametrize("params", [
+    {"backend": "cuda", "lm_head": "packed", "head_fp4_gemm": False, "fp4_gemm_reason": "REGATE_FP4_GEMM=0"},
+    {"backend": "cuda", "lm_head": "packed"},  # a bench too old to say is not trusted either
+])
+def test_a_packed_cuda_leg_off_the_fp4_gemm_is_an_error(params):
+    line = json.dumps({"schema_version": 1, "decode_tok_s": 50.0, "params": params})
+    with pytest.raises(GridError, match="packed arm's head did not run on the fp4 GEMM.*never a number"):
+        parse_bench(line + "\n", "cell 0, arm packed, leg 1")
+
+
+@pytest.mark.parametrize("params", [
+    {"backend": "cuda", "lm_head": "packed", "head_fp4_gemm": True},
+    {"backend": "cuda", "lm_head": "dequant", "head_fp4_gemm": False},
+    {"backend": "cpu", "lm_head": "packed", "head_fp4_gemm": False},  # the CPU has no fp4 GEMM by design
+])
+def test_other_legs_pass_the_fp4_check(params):
+    line = json.dumps({"schema_version": 1, "decode_tok_s": 50.0, "params": params})
+    assert parse_bench(line, "x")["decode_tok_s"] == 50.0
+
+
 def test_parse_takes_the_last_json_line():
     text = '{"schema_version": 1, "decode_tok_s": 1.0}\nnoise\n{"schema_version": 1, "decode_tok_s": 2.5}\n'
     assert parse_bench(text, "x")["decode_tok_s"] == 2.5

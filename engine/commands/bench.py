@@ -74,6 +74,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
 
     from engine.backends import fp4_gemm_status
     from engine.engine import Engine
+    from engine.linear import head_on_fp4_gemm
     from engine.memory import memory_snapshot
 
     if gen_len < 2 or batch < 1 or prompt_len < 1 or iters < 1 or warmup < 0:
@@ -81,6 +82,12 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
                          f"warmup >= 0; got {batch}, {prompt_len}, {gen_len}, {iters}, {warmup}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
                  max_model_len=prompt_len + gen_len)
+    has_gemm, why = fp4_gemm_status(backend)
+    on_gemm = head_on_fp4_gemm(eng.model)
+    if backend == "cuda" and lm_head == "packed" and not on_gemm:
+        raise RuntimeError(f"the packed arm on cuda would run its lm_head on a BF16 operand (no fp4 GEMM: "
+                           f"{why or 'the head is not an NVFP4 Linear on it'}); a packed leg measured that way "
+                           "is the dequant arm under another name, so no number is reported")
     prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
     for _ in range(warmup):
         eng.generate(prompts, gen_len)
@@ -93,7 +100,6 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
     step_bytes = eng.residency()["totals"]["bytes_per_decode_step"]
     mem = memory_snapshot(eng.device)
-    has_gemm, why = fp4_gemm_status(backend)
     return {
         "schema_version": SCHEMA_VERSION, "decode_tok_s": statistics.median(tok_s), "decode_tok_s_iters": tok_s,
         "ms_per_step": ms_step, "prefill_ms": statistics.median(1000 * r["prefill_s"] for r in runs),
@@ -102,7 +108,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
-                   "fp4_gemm_reason": why, "cuda_graphs": bool(eng.runner().graphs),
+                   "fp4_gemm_reason": why, "head_fp4_gemm": on_gemm, "cuda_graphs": bool(eng.runner().graphs),
                    "torch_threads": torch.get_num_threads()},
         "meta": collect_meta(backend),
     }

@@ -52,30 +52,41 @@ def continuations(naming: str, prefix: str, arm: str) -> tuple[list[list[int]], 
 
 # --- the oracle ---------------------------------------------------------------------------------
 
-def oracle_state_dict(ckpt) -> dict[str, torch.Tensor]:
-    """HF names -> FP32 weights: tower NVFP4 dequantized in FP32, an NVFP4 head through BF16 (the one
-    operand both engine arms multiply by), BF16 tensors widened."""
-    state = {f"model.{k}": v.float() for k, v in ckpt.tensors.items()}
+def oracle_state_dict(ckpt, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """HF names -> FP32 weights on `device`: tower NVFP4 dequantized in FP32, an NVFP4 head through
+    BF16 (the one operand both engine arms multiply by on a backend without an fp4 GEMM), BF16
+    tensors widened."""
+    state = {f"model.{k}": v.to(device).float() for k, v in ckpt.tensors.items()}
     for name, w in ckpt.linears.items():
         if isinstance(w, Nvfp4Weight):
-            w = w.dequantize(torch.bfloat16 if name == "lm_head" else torch.float32)
-        state["lm_head.weight" if name == "lm_head" else f"model.{name}.weight"] = w.float()
+            w = w.to(device).dequantize(torch.bfloat16 if name == "lm_head" else torch.float32)
+        state["lm_head.weight" if name == "lm_head" else f"model.{name}.weight"] = w.to(device).float()
     if ckpt.head_kind == "tied":
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     return state
 
 
 def build_oracle(naming: str, prefix: str):
-    """A fresh oracle (the caller owns it; `oracle` is the cached one)."""
+    """A fresh oracle of the tiny checkpoint (the caller owns it; `oracle` is the cached one)."""
+    return build_oracle_at(checkpoint(naming, prefix))
+
+
+def build_oracle_at(path, device: str = "cpu"):
+    """transformers' Qwen3_5ForCausalLM in FP32 on `device`, with `path`'s weights. On CUDA, TF32 is
+    off for matmuls and convolutions, so the oracle stays FP32 arithmetic."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    ckpt = load_checkpoint(checkpoint(naming, prefix))
+    if device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    ckpt = load_checkpoint(path)
     skip = ("architectures", "torch_dtype", "dtype", "quantization_config")
     cfg = Qwen3_5TextConfig(**{k: v for k, v in ckpt.config.items() if k not in skip})
-    model = Qwen3_5ForCausalLM(cfg).float().eval()
-    missing, unexpected = model.load_state_dict(oracle_state_dict(ckpt), strict=False)
+    with torch.device(device):  # built where it runs: a 27b-shaped oracle is ~16 GB of FP32
+        model = Qwen3_5ForCausalLM(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(oracle_state_dict(ckpt, device), strict=False)
     if unexpected or missing:
-        raise RuntimeError(f"oracle for {naming}/{prefix}: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(f"oracle for {path}: missing {missing}, unexpected {unexpected}")
     return model
 
 
@@ -84,8 +95,9 @@ oracle = functools.lru_cache(maxsize=None)(build_oracle)
 
 @torch.inference_mode()
 def oracle_logits(model, ids: list[int]) -> torch.Tensor:
-    """[T, V] FP32 logits, each position given the tokens before it (teacher-forced)."""
-    return model(torch.tensor([ids])).logits[0].float()
+    """[T, V] FP32 logits on the CPU, each position given the tokens before it (teacher-forced)."""
+    device = next(model.parameters()).device
+    return model(torch.tensor([ids], device=device)).logits[0].float().cpu()
 
 
 @dataclass
@@ -109,6 +121,28 @@ def judge_greedy(ours: list[int], logits: torch.Tensor, tol: float = MARGIN_TOL)
                 return v
             v.failed.append((j, tok, best, margin))
         v.compared += 1
+    return v
+
+
+@dataclass
+class MarginVerdict:
+    compared: int  # every generated position (the oracle is teacher-forced on OUR prefix)
+    undetermined: int  # positions where the oracle's top1 - top2 margin is within the tolerance
+    failed: list[tuple[int, int, int, float]] = field(default_factory=list)  # (pos, ours, oracle, margin)
+
+
+def judge_margins(ours: list[int], logits: torch.Tensor, tol: float) -> MarginVerdict:
+    """Every position judged on its own: the oracle saw our tokens before it, so a divergence at an
+    undetermined position does not end the comparison (unlike `judge_greedy`'s free-running view).
+    A differing token fails where the oracle's margin exceeds `tol`; a position whose margin is within
+    `tol` is undetermined, whether or not the tokens differ, and is counted."""
+    top = logits.topk(2, dim=-1)
+    margins = (top.values[:, 0] - top.values[:, 1]).tolist()
+    v = MarginVerdict(len(ours), sum(m <= tol for m in margins[:len(ours)]))
+    for j, tok in enumerate(ours):
+        best = int(top.indices[j, 0])
+        if tok != best and margins[j] > tol:
+            v.failed.append((j, tok, best, margins[j]))
     return v
 
 

@@ -8,6 +8,9 @@ random bytes and random in-range E4M3 block scales, so every nibble code and man
 Tolerance: the kernel accumulates in FP32 and rounds once to BF16 (8 significant bits); REL_TOL
 (Frobenius-relative) is ~4x one BF16 rounding step, far below what a wrong nibble order, scale
 index or global scale gives (O(1)).
+
+Device, shapes and the graph capture go through `gates.suites.twin`, so the census (10 tests, 62
+checks) is counted on the CPU too (REGATE_CENSUS_TWIN=1), where there is no GPU to run this on.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import pytest
 import torch
 
 from engine.nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
+from gates.suites.twin import BACKEND, DEVICE, captured, fp4_gemm_module, generator, needs_cuda, release_cached, shape
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = needs_cuda
 
 REL_TOL = 1e-2
 MS = (1, 16, 77)
@@ -32,9 +35,9 @@ SHAPES = {  # name: (N, K), the 27b preset
 
 
 def random_weight(name: str, n: int, k: int, seed: int = 0) -> Nvfp4Weight:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=g)
-    scale = (torch.rand(n, k // BLOCK, device="cuda", generator=g) * 3 + 0.125).to(torch.float8_e4m3fn)
+    g = generator(seed)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=DEVICE, generator=g)
+    scale = (torch.rand(n, k // BLOCK, device=DEVICE, generator=g) * 3 + 0.125).to(torch.float8_e4m3fn)
     return Nvfp4Weight(name, packed, scale, 1.0 / 448.0, "modelopt")
 
 
@@ -48,22 +51,20 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_kernel_available(check):
-    from kernels import nvfp4_gemm
-
+    nvfp4_gemm = fp4_gemm_module()
     ok, why = nvfp4_gemm.available()
     check(ok, f"kernels.nvfp4_gemm.available() is False on this CUDA box: {why}")
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_matmul_against_reference(check, name):
-    from kernels import nvfp4_gemm
-
-    n, k = SHAPES[name]
+    nvfp4_gemm = fp4_gemm_module()
+    n, k = shape(*SHAPES[name])
     w = random_weight(name, n, k)
     dq = dequantize_raw(w.packed, w.block_scale, w.global_scale, torch.float32)
     nvfp4_gemm.prepare(w)
     for m in MS:
-        x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
+        x = torch.randn(m, k, device=DEVICE, generator=generator(m))
         x = x.to(torch.bfloat16)
         y = nvfp4_gemm.matmul(x, w)
         check.equal((tuple(y.shape), y.dtype), ((m, n), torch.bfloat16), f"{name} M={m}: output shape, dtype")
@@ -71,13 +72,12 @@ def test_matmul_against_reference(check, name):
         err = relative_error(y, reference(x, dq)) if y.shape == (m, n) else float("inf")
         check(err <= REL_TOL, f"{name} [{n}x{k}] M={m}: relative error {err:.3g} > {REL_TOL}")
     del w, dq
-    torch.cuda.empty_cache()
+    release_cached()
 
 
 def test_prepare_keeps_no_more_than_the_packed_bytes(check):
-    from kernels import nvfp4_gemm
-
-    w = random_weight("mlp.gate_proj", *SHAPES["mlp.gate_proj"])
+    nvfp4_gemm = fp4_gemm_module()
+    w = random_weight("mlp.gate_proj", *shape(*SHAPES["mlp.gate_proj"]))
     dq = dequantize_raw(w.packed, w.block_scale, w.global_scale, torch.float32)
     nvfp4_gemm.prepare(w)
     check(w.kernel_operand_bytes <= w.packed_bytes,
@@ -92,27 +92,18 @@ def test_prepare_keeps_no_more_than_the_packed_bytes(check):
 def test_cuda_backend_registers_the_kernel(check):
     from engine.backends import fp4_gemm_for
 
-    check(fp4_gemm_for("cuda") is not None, "the cuda backend has no fp4 GEMM registered")
+    check(fp4_gemm_for(BACKEND) is not None, f"the {BACKEND} backend has no fp4 GEMM registered")
 
 
 def test_matmul_records_into_a_cuda_graph(check):
-    from kernels import nvfp4_gemm
-
-    n, k = SHAPES["self_attn.o_proj"]
+    nvfp4_gemm = fp4_gemm_module()
+    n, k = shape(*SHAPES["self_attn.o_proj"])
     w = random_weight("self_attn.o_proj", n, k, seed=1)
     nvfp4_gemm.prepare(w)
-    x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(16, k, device=DEVICE, generator=generator(2)).to(torch.bfloat16)
     eager = nvfp4_gemm.matmul(x, w)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        nvfp4_gemm.matmul(x, w)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = nvfp4_gemm.matmul(x, w)
-    x.copy_(torch.randn(16, k, device="cuda").to(torch.bfloat16))
-    graph.replay()
-    torch.cuda.synchronize()
+    replay, out = captured(lambda: nvfp4_gemm.matmul(x, w))
+    x.copy_(torch.randn(16, k, device=DEVICE, generator=generator(3)).to(torch.bfloat16))
+    replay()
     check(not torch.equal(out, eager), "the replay must recompute from the new input, not return a stale copy")
     check(torch.equal(out, nvfp4_gemm.matmul(x, w)), "graph replay vs eager on the same input: bit-identical")

@@ -33,7 +33,8 @@ def summary(record: dict) -> dict:
         "sacred": record.get("sacred"),
         "markers": (record.get("build") or {}).get("markers", []),
         "suites": [{k: s.get(k) for k in ("name", "sacred", "state", "tests_passed", "tests_total",
-                                          "checks_passed", "checks_total", "census_tests", "census_checks")}
+                                          "checks_passed", "checks_total", "census_tests", "census_checks",
+                                          "tallies")}
                    for s in record.get("suites") or []],
         "mutations": [{k: p.get(k) for k in ("pin", "state")} for p in record.get("mutations") or []],
         "grid_verdicts": [{"cell": c.get("cell"), "verdict": c.get("verdict")} for c in grid.get("cells", [])],
@@ -84,7 +85,8 @@ def _final_lines(record: dict, console: Console) -> None:
     for s in record.get("suites") or []:
         counts = f"{s['tests_passed']}/{s['tests_total']} tests, {s['checks_passed']}/{s['checks_total']} checks"
         why = s.get("why") or "; ".join(s.get("reasons") or [])
-        console.print(f"  {s['state']:8} {s['name']}" + ("" if s["state"] == "NOT_RUN" else f"  {counts}")
+        tallies = "".join(f", {k} {t['count']}/{t['of']}" for k, t in (s.get("tallies") or {}).items())
+        console.print(f"  {s['state']:8} {s['name']}" + ("" if s["state"] == "NOT_RUN" else f"  {counts}{tallies}")
                       + (f"  ({why})" if why else ""), highlight=False)
     sacred = record.get("sacred") or {}
     if sacred.get("modified"):

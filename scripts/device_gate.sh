@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU gate: every change to engine/, kernels/ or gates/ ends with `orchestrator gate --head HEAD
+# --json` run on the GPU box from a fresh clone, and its JSON line, wall time and sha go in
+# docs/BENCHMARKS.md's current-state table.
+#
+# Here, on the driving machine, once per commit to gate:
+#   bash scripts/device_gate.sh bundle      # HEAD's history as .regate-bundle/repo.bundle (git-ignored)
+#   bash ../shared/tools/device-wheels.sh croniter python-dateutil pytz six   # .whl/: Ray etc. for the box
+# On the GPU box (a device run with carry [".whl", ".regate-bundle"]), stages in the order given:
+#   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json` there; the JSON line,
+#            rc, wall seconds and sha; the record and HTML report under $OUT
+#   pins     `orchestrator mutate` of the CUDA suites' mutation pins on the same clone (each must be KILLED)
+#   serve    `orchestrator serve` on the clone's state: one POST /api/gate (grid cuda_smoke) and a schedule
+#            slot every minute for the same grid; waits until the firing and the run are recorded and
+#            prints them (the firing of an identical queued gate is answered with that gate's run)
+#   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite)
+#   cudatest every cuda-marked test of tests/
+# Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
+# stop the next one.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+CLONE=${CLONE:-/tmp/regate-gate}
+export PYTHONUNBUFFERED=1 REGATE_CACHE=${REGATE_CACHE:-/tmp/regate-cache} REGATE_SYNTH_DEVICE=cuda
+
+stage_bundle() {
+  mkdir -p .regate-bundle
+  grep -qx '/.regate-bundle/' .git/info/exclude 2>/dev/null || echo '/.regate-bundle/' >> .git/info/exclude
+  git bundle create -q .regate-bundle/repo.bundle HEAD && git rev-parse HEAD > .regate-bundle/sha
+  echo "bundle of $(cat .regate-bundle/sha) ($(du -h .regate-bundle/repo.bundle | cut -f1))"
+}
+
+install_wheels() {
+  [ -d /tmp/site ] && return 0
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+}
+
+clone() {
+  [ -d "$CLONE/.git" ] && return 0
+  git clone -q .regate-bundle/repo.bundle "$CLONE" && git -C "$CLONE" checkout -q "$(cat .regate-bundle/sha)"
+}
+
+in_clone() { (cd "$CLONE" && PYTHONPATH=/tmp/site:$CLONE "$@"); }
+
+stage_gate() {
+  install_wheels && clone || return 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv
+  local t0=$SECONDS rc
+  in_clone $PY -m orchestrator.cli gate --head HEAD --json > "$OUT/gate.stdout" 2> "$OUT/gate.stderr"; rc=$?
+  grep -v -e gcs_client -e 'Token authentication' "$OUT/gate.stderr" | tail -30
+  echo "gate rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
+  tail -1 "$OUT/gate.stdout" | tee "$OUT/gate.json"
+  local run; run=$($PY -c "import json,sys; print(json.loads(open('$OUT/gate.json').read())['run_id'])" 2>/dev/null)
+  [ -n "$run" ] && cp "$CLONE/.regate/reports/$run.html" "$OUT/gate_report.html" 2>/dev/null
+  [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" > "$OUT/gate_record.json" 2>/dev/null
+  return $rc
+}
+
+stage_pins() {
+  install_wheels && clone || return 1
+  local pins
+  pins=$(in_clone $PY -c "
+from gates.manifest import load_manifest; from gates.pins import load_pins
+m = load_manifest('.'); print(' '.join('--pin ' + p.name for p in load_pins('.') if 'cuda' in m.suite(p.suite).needs))")
+  in_clone $PY -m orchestrator.cli mutate --head HEAD $pins
+}
+
+stage_serve() {
+  install_wheels && clone || return 1
+  local box; box=$(hostname | cut -d. -f1)
+  mkdir -p "$CLONE/.regate"
+  cat > "$CLONE/.regate/serve.yaml" <<Y
+db_path: $CLONE/.regate/regate.db
+reports_dir: $CLONE/.regate/reports
+boxes:
+  - {name: $box, lock_path: ~/gpu.lock, gpus: 1, required_markers: ["packed NVFP4 W4A16 GEMM: ENABLED"]}
+schedules:
+  - {id: every-minute-cuda-smoke, cron: "* * * * *", rev: HEAD, grid: cuda_smoke, box: $box}
+Y
+  (cd "$CLONE" && PYTHONPATH=/tmp/site:$CLONE setsid $PY -m orchestrator.cli serve --port 0 \
+     --config .regate/serve.yaml --repo . > "$OUT/serve.stdout" 2> "$OUT/serve.stderr") &
+  local url="" i
+  for i in $(seq 60); do url=$(grep -o 'http://[0-9.:]*' "$OUT/serve.stdout" | head -1); [ -n "$url" ] && break; sleep 1; done
+  [ -n "$url" ] || { echo "serve did not start"; tail -20 "$OUT/serve.stderr"; return 1; }
+  echo "serving at $url"
+  curl -s -XPOST -H 'Content-Type: application/json' -d '{"head": "HEAD", "grid": "cuda_smoke"}' "$url/api/gate" | tee "$OUT/post.json"; echo
+  local deadline=$((SECONDS + ${SERVE_WAIT_S:-480})) fired=""
+  while [ $SECONDS -lt $deadline ]; do
+    sleep 10
+    curl -s "$url/api/runs" > "$OUT/runs.json"
+    fired=$(in_clone $PY -c "
+import sqlite3; c = sqlite3.connect('.regate/regate.db')
+print(c.execute('select count(*) from schedule_firings').fetchone()[0])" 2>/dev/null)
+    $PY - "$OUT/runs.json" "$fired" <<'PY' && break
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+busy = [r for r in runs if r.get("state") in ("QUEUED", "RUNNING")]
+sys.exit(0 if runs and not busy and sys.argv[2] not in ("", "0") else 1)
+PY
+  done
+  in_clone $PY -c "
+import sqlite3; c = sqlite3.connect('.regate/regate.db'); c.row_factory = sqlite3.Row
+for r in c.execute('select * from schedule_firings'): print('firing', dict(r))"
+  $PY -c "
+import json; [print('run', r.get('run_id'), r.get('state'), r.get('kind', ''), r.get('grid', '')) for r in json.load(open('$OUT/runs.json'))['runs']]"
+  pkill -TERM -f 'orchestrator.cli serve' ; sleep 3
+  tail -5 "$OUT/serve.stderr"
+  tar czf "$OUT/serve_state.tgz" -C "$CLONE/.regate" reports regate.db 2>/dev/null
+}
+
+stage_suites() {
+  install_wheels || return 1
+  local s rc=0
+  for s in packed_gemm cuda_engine; do
+    PYTHONPATH=/tmp/site:$PWD REGATE_CENSUS_OUT="$OUT/census_$s.json" $PY -m pytest -q -p no:cacheprovider \
+      -p gates.census "gates/suites/test_$s.py" 2>&1 | tail -25 || rc=1
+    $PY -c "
+import json; r = json.load(open('$OUT/census_$s.json'))
+print('$s', r['tests_passed'], '/', r['tests_total'], 'tests', r['checks_passed'], '/', r['checks_total'], 'checks', r['tallies'])
+[print('  note', n) for t in r['tests'].values() for n in t['notes']]"
+  done
+  return $rc
+}
+
+stage_cudatest() {
+  install_wheels || return 1
+  PYTHONPATH=/tmp/site:$PWD $PY -m pytest -q -p no:cacheprovider -m cuda tests/ -rs
+}
+
+for s in "$@"; do
+  t0=$SECONDS
+  "stage_$s" > "$OUT/$s.log" 2>&1; rc=$?
+  echo "== $s rc=$rc $((SECONDS - t0))s"; tail -n "${TAIL:-12}" "$OUT/$s.log"
+done
