@@ -9,7 +9,7 @@
 # On the GPU box (a device run with carry [".whl", ".regate-bundle"]), stages in the order given:
 #   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json` there; the JSON line,
 #            rc, wall seconds and sha; the record and HTML report under $OUT
-#   pins     `orchestrator mutate` of the CUDA suites' mutation pins on the same clone (each must be KILLED)
+#   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
 #   serve    `orchestrator serve` on the clone's state: one POST /api/gate (grid cuda_smoke) and a schedule
 #            slot every minute for the same grid; waits until the firing and the run are recorded and
 #            prints them (the firing of an identical queued gate is answered with that gate's run)
@@ -57,13 +57,19 @@ stage_gate() {
   return $rc
 }
 
-stage_pins() {
+stage_pins() {  # after `gate`, which ran the suites unmutated on this tree: no second baseline
   install_wheels && clone || return 1
-  local pins
-  pins=$(in_clone $PY -c "
-from gates.manifest import load_manifest; from gates.pins import load_pins
-m = load_manifest('.'); print(' '.join('--pin ' + p.name for p in load_pins('.') if 'cuda' in m.suite(p.suite).needs))")
-  in_clone $PY -m orchestrator.cli mutate --head HEAD $pins
+  in_clone $PY - <<'PY'
+import json, sys
+from gates.manifest import load_manifest
+from gates.mutate import KILLED, run_pins
+from gates.pins import load_pins
+m = load_manifest(".")
+names = [p.name for p in load_pins(".") if "cuda" in m.suite(p.suite).needs]
+results = run_pins(".", names, baseline=False, progress=lambda r: print(r["state"], r["pin"], r["detail"], flush=True))
+print(json.dumps(results))
+sys.exit(0 if results and all(r["state"] == KILLED for r in results) else 1)
+PY
 }
 
 stage_serve() {

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from engine.nvfp4 import Nvfp4Weight, quantize
-from gates.suites.support import judge_greedy, layer_type_of, live_float_tensors, nvfp4_weights, walk
+from gates.suites.support import (compare_free_running, judge_greedy, judge_margins, layer_type_of,
+                                  live_float_tensors, nvfp4_weights, walk)
 
 
 def _logits(rows: list[list[float]]) -> torch.Tensor:
@@ -19,6 +20,38 @@ def test_agreeing_tokens_are_all_compared():
 def test_a_decided_difference_fails_and_comparison_goes_on():
     v = judge_greedy([2, 0], _logits([[0.0, 2.0, 1.0], [3.0, 1.0, 0.0]]), tol=0.5)
     assert v.failed == [(0, 2, 1, 1.0)] and v.compared == 2 and v.undetermined is None
+
+
+def test_margins_judge_every_position_and_count_the_undetermined():
+    logits = _logits([[0.0, 2.0, 1.9], [3.0, 1.0, 0.0], [0.0, 0.0, 4.0]])
+    v = judge_margins([2, 0, 1], logits, tol=0.5)  # pos 0 undetermined (0.1), pos 2 decided and wrong
+    assert (v.compared, v.undetermined) == (3, 1)
+    assert v.failed == [(2, 1, 2, 4.0)]
+    assert judge_margins([1, 0, 2], logits, tol=0.01).undetermined == 0
+
+
+def _run(ids, tops):
+    return ids, [(tuple(t), tuple(range(len(t)))) for t in tops]
+
+
+def test_free_runs_identical_have_no_divergence_and_their_logit_delta():
+    a = _run([1, 2], [[5.0, 4.0], [6.0, 1.0]])
+    b = _run([1, 2], [[5.1, 4.0], [6.0, 0.5]])
+    v = compare_free_running(*a, *b)
+    assert v.diverged_at is None and v.tie_margin == 0.0 and abs(v.max_delta - 0.5) < 1e-9
+
+
+def test_free_runs_diverge_at_a_near_tie_and_later_logits_are_not_compared():
+    a = _run([1, 7, 9], [[5.0, 4.0], [6.0, 5.9], [100.0, 0.0]])
+    b = _run([1, 8, 3], [[5.0, 4.0], [6.05, 6.0], [-50.0, -60.0]])  # after the split anything goes
+    v = compare_free_running(*a, *b)
+    assert v.diverged_at == 1 and abs(v.tie_margin - 0.1) < 1e-9 and abs(v.max_delta - 0.1) < 1e-9
+
+
+def test_sorted_topk_compare_order_statistics_whatever_the_ids():
+    a = ([4], [((3.0, 2.0), (4, 5))])
+    b = ([4], [((3.0, 2.0), (4, 6))])  # a different runner-up id with the same value: no delta
+    assert compare_free_running(*a, *b).max_delta == 0.0
 
 
 def test_an_undecided_difference_is_listed_with_its_margin_and_ends_the_comparison():

@@ -146,6 +146,26 @@ def judge_margins(ours: list[int], logits: torch.Tensor, tol: float) -> MarginVe
     return v
 
 
+@dataclass
+class FreeRunVerdict:
+    diverged_at: int | None  # first position whose ids differ (None: identical)
+    tie_margin: float  # at that position, the larger of the two sides' top1 - top2 margins (0.0 if none)
+    max_delta: float  # max |a - b| over the sorted top-k logits at every position up to and including it
+
+
+def compare_free_running(a_ids: list[int], a_topk: list[tuple], b_ids: list[int], b_topk: list[tuple]) -> FreeRunVerdict:
+    """Two greedy runs of the same prompt that may round differently (two GEMMs, two batch shapes):
+    identical up to their first divergence, where both sides' logits are still comparable (same
+    prefix). The sorted top-k values are order statistics, so a perturbation of every logit by at most
+    d moves each by at most d, whichever ids they belong to."""
+    j = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), None)
+    last = len(a_topk) if j is None else j + 1
+    delta = max((max(abs(x - y) for x, y in zip(sorted(av, reverse=True), sorted(bv, reverse=True)))
+                 for (av, _), (bv, _) in zip(a_topk[:last], b_topk[:last])), default=0.0)
+    tie = 0.0 if j is None else max(a_topk[j][0][0] - a_topk[j][0][1], b_topk[j][0][0] - b_topk[j][0][1])
+    return FreeRunVerdict(j, tie, delta)
+
+
 # --- the field walk -----------------------------------------------------------------------------
 
 _LEAVES = (torch.Tensor, str, bytes, int, float, bool, complex, type(None), type, torch.dtype, torch.device,
