@@ -1,13 +1,16 @@
 """Split a run record's grid verdicts into what is established and what is owed.
 
 This is the one place that decides which claims a report may make. A direction is established only
-when its verdict says `established`; a magnitude only when it is `binding`. Everything else (an
+when its verdict says `established` and every arm has at least MIN_CLAIM_LEGS legs; a magnitude only
+when it is `binding` and its direction is established (a record judged before those rules keeps its
+verdict, but the claim is not made from it). Everything else (an
 indicated direction, overlapping legs, an owed magnitude) is owed, with the reason and the legs
 estimated to settle it. The report, the Markdown body and the owed ledger all read these lists, so
 an owed item can never slip under Established in one of them and not the others.
 """
 from __future__ import annotations
 
+from grids.verdict import MIN_CLAIM_LEGS
 from orchestrator.report.errors import ReportError
 
 
@@ -81,18 +84,27 @@ def cell_claims(cell: dict) -> tuple[list[dict], list[dict]]:
     established, owed = [], []
     d_state = direction.get("state")
     rule = (verdict.get("policy") or {}).get("rule", "rank")
+    few = _too_few_legs(base["legs"])
+    if d_state == "established" and few:  # a record judged before the leg minimum: the claim is not made
+        d_state, direction = "indicated", {**direction, "reasons": few, "legs_needed": MIN_CLAIM_LEGS}
     if d_state == "established":
         established.append({**base, "what": "direction", "state": d_state,
                             "text": f"{winner} ahead of {loser} (rule {rule}; rank-test p = {_pct(base['p'])})"})
     elif d_state == "indicated":
         owed.append({**base, "what": "direction", "state": d_state, "legs_needed": direction.get("legs_needed"),
-                     "reasons": [f"{winner} ahead in every leg but p = {_pct(base['p'])} is not significant"],
+                     "reasons": list(direction.get("reasons") or
+                                     [f"{winner} ahead in every leg but p = {_pct(base['p'])} is not significant"]),
                      "text": f"{winner} ahead of {loser}, NOT established"})
     else:
         owed.append({**base, "what": "direction", "state": d_state or "missing", "legs_needed": None,
-                     "reasons": ["the legs overlap: no winner" if d_state == "none" else "no direction recorded"],
+                     "reasons": list(direction.get("reasons") or ["the legs overlap: no winner" if d_state == "none"
+                                                                  else "no direction recorded"]),
                      "text": f"no direction between {winner} and {loser}"})
     m_state = magnitude.get("state")
+    if m_state == "binding" and d_state != "established":  # by how much presupposes which way
+        m_state = "owed"
+        magnitude = {**magnitude, "reasons": few + [f"direction not established ({d_state or 'missing'})"],
+                     "legs_needed": direction.get("legs_needed")}
     if m_state == "binding":
         established.append({**base, "what": "magnitude", "state": m_state,
                             "text": f"{winner} / {loser} = {_ratio_text(magnitude)}"})
@@ -102,6 +114,11 @@ def cell_claims(cell: dict) -> tuple[list[dict], list[dict]]:
                      "legs_needed": magnitude.get("legs_needed"),
                      "text": f"{winner} / {loser} = {_ratio_text(magnitude)}, NOT binding"})
     return established, owed
+
+
+def _too_few_legs(legs: dict[str, list]) -> list[str]:
+    return [f"{name} has {len(xs)} leg{'s' if len(xs) != 1 else ''}; any established claim needs at least "
+            f"{MIN_CLAIM_LEGS} per arm" for name, xs in legs.items() if len(xs) < MIN_CLAIM_LEGS]
 
 
 def _unmeasured(cell: dict, key: str, label: str) -> dict:
