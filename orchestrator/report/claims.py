@@ -140,13 +140,60 @@ def _ratio_text(magnitude: dict) -> str:
 
 
 def claims(record: dict) -> tuple[list[dict], list[dict]]:
-    """(established, owed) over every grid cell of the record."""
+    """(established, owed) over every grid cell of the record, then its gates (`gate_claims`); each
+    claim carries where it was measured (`backend`, `gpu`), part of its identity in the ledger."""
     established, owed = [], []
     for cell in grid_cells(record):
+        backend, gpu = where_measured(record, cell)
         e, o = cell_claims(cell)
-        established += e
-        owed += o
-    return established, owed
+        established += [{**c, "backend": backend, "gpu": gpu} for c in e]
+        owed += [{**c, "backend": backend, "gpu": gpu} for c in o]
+    e, o = gate_claims(record)
+    return established + e, owed + o
+
+
+ANY_GPU = "any"  # a claim any GPU model of its backend can settle (a gate the box could not run)
+NO_GPU = "none"
+UNKNOWN = "unknown"
+# A suite's `needs` entry -> the backend a box must have to run it.
+BACKEND_OF_NEED = {"cuda": "cuda"}
+
+
+def where_measured(record: dict, cell: dict | None) -> tuple[str, str]:
+    """(backend, GPU model) a cell's legs were measured on: the arms' backend when the grid recorded
+    it (a CPU grid can run on a GPU box), else the box's; the GPU model only for a CUDA measurement."""
+    box = record.get("box") or {}
+    arm_backends = {((a or {}).get("options") or {}).get("backend") for a in ((cell or {}).get("arms") or {}).values()}
+    backend = arm_backends.pop() if len(arm_backends) == 1 and None not in arm_backends else None
+    backend = backend or box.get("backend") or UNKNOWN
+    gpu = (box.get("gpu") or UNKNOWN) if backend == "cuda" else NO_GPU
+    return backend, gpu
+
+
+def gate_claims(record: dict) -> tuple[list[dict], list[dict]]:
+    """(ran, owed) for the suites that need a backend: one this box lacked is owed ("CUDA gates not
+    run on <sha>", the seed's "CUDA re-run owed") until a run of the same head on a box of that
+    backend runs it; one this box ran settles it, whatever its state (a red one fails that run)."""
+    box = record.get("box") or {}
+    sha = ((record.get("head") or {}).get("sha") or "?")[:12]
+    ran, owed = [], []
+    for s in record.get("suites") or []:
+        for need in s.get("needs") or []:
+            backend = BACKEND_OF_NEED.get(need)
+            if backend is None:
+                continue
+            base = {"what": "gate", "cell": f"suite {s.get('name')}", "label": s.get("name"), "legs": {},
+                    "ratio": None, "ci": None, "p": None, "legs_needed": None}
+            if s.get("state") == "NOT_RUN" and box.get("backend") != backend:
+                owed.append({**base, "backend": backend, "gpu": ANY_GPU, "state": "not run",
+                             "reasons": [f"{backend.upper()} gates not run on {sha}: {s.get('name')} needs "
+                                         f"{need}; box {box.get('name') or '?'} has backend "
+                                         f"{box.get('backend') or '?'}"],
+                             "text": f"{backend.upper()} re-run owed"})
+            elif s.get("state") in ("GREEN", "RED", "TIMEOUT") and box.get("backend") == backend:
+                ran.append({**base, "backend": backend, "gpu": box.get("gpu") or UNKNOWN, "state": "ran",
+                            "text": f"suite {s.get('name')} ran: {s.get('state')}"})
+    return ran, owed
 
 
 def not_run(record: dict) -> list[dict]:

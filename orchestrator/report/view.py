@@ -24,7 +24,7 @@ _KEYS = {
               "census_tests", "census_checks", "duration_s", "failures", "sacred_modified", "why", "reasons"),
     "mutation": ("pin", "suite", "state", "failures", "expected_min", "detail"),
     "head": ("rev", "sha", "repo"),
-    "ledger": ("id", "what", "cell", "label", "reason", "legs_needed", "opened_by"),
+    "ledger": ("id", "what", "cell", "backend", "gpu", "label", "reason", "legs_needed", "opened_by"),
 }
 
 
@@ -155,7 +155,8 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
     mutations = [_part("mutation", m) for m in record.get("mutations") or []]
     skipped = claims_mod.not_run(record)
     ledger = None if owed is None else [_part("ledger", o) for o in owed]
-    mine = {(c["cell"], c["what"]) for c in owed_claims}  # the ledger rows this run's own claims stand for
+    # the ledger rows this run's own claims stand for: same cell, claim and place of measurement
+    mine = {(c["cell"], c["what"], c["backend"], c["gpu"]) for c in owed_claims}
     return {
         "run_id": record["run_id"], "state": record["state"], "error": record.get("error"),
         "head": head, "short": (head.get("sha") or "")[:12] or head.get("rev") or "?",
@@ -171,7 +172,7 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
         "established": established, "owed": owed_claims,
         "not_run": skipped,
         "ledger": ledger,
-        "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"]) not in mine],
+        "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"], o["backend"], o["gpu"]) not in mine],
         "residency": residency.section(record),
         "raw": raw_legs(record),
     }
