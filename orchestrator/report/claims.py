@@ -203,6 +203,10 @@ def not_run(record: dict) -> list[dict]:
         names = {s.get("name"), f"suite {s.get('name')}"}
         if s.get("state") == "NOT_RUN" and not any(i.get("what") in names for i in items):
             items.append({"what": f"suite {s.get('name')}", "why": s.get("why") or "not run"})
+    mentions_pins = any("mutation" in str(i.get("what")) for i in items)
+    if not record.get("mutations") and not mentions_pins and record.get("suites"):
+        items.append({"what": "mutation pins", "why": "no pin was applied in this gate (mutations: off); "
+                                                      "`orchestrator mutate --head REV --all` runs them"})
     grid = record.get("grid") or {}
     if grid and grid.get("complete") is False:
         items.append({"what": f"grid {grid.get('spec', '?')}",
