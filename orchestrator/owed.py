@@ -21,7 +21,7 @@ import sqlite3
 from datetime import datetime, timezone
 
 from orchestrator.db import transaction
-from orchestrator.report.claims import ANY_GPU, claims, where_measured
+from orchestrator.report.claims import ANY_GPU, claims, gate_claims, where_measured
 
 WHATS = ("magnitude", "direction", "gate")
 UNKNOWN = "unknown"  # where a row migrated from an older ledger was measured, when its run is gone
@@ -144,8 +144,9 @@ def sync_from_record(conn: sqlite3.Connection, record: dict) -> dict[str, list[i
 
 
 def _claims(record: dict) -> list[tuple[list[dict], list[dict]]]:
-    """(established, owed), each claim stamped with where it was measured (`claims.claims`)."""
-    return [claims(record)]
+    """(established, owed), each stamped with where it was measured (`claims.claims`), then the
+    suites this box ran, which settle a gate owed for them."""
+    return [claims(record), (gate_claims(record)[0], [])]
 
 
 def list_open(conn: sqlite3.Connection, head_sha: str | None = None) -> list[dict]:

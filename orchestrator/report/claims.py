@@ -140,16 +140,16 @@ def _ratio_text(magnitude: dict) -> str:
 
 
 def claims(record: dict) -> tuple[list[dict], list[dict]]:
-    """(established, owed) over every grid cell of the record, then its gates (`gate_claims`); each
-    claim carries where it was measured (`backend`, `gpu`), part of its identity in the ledger."""
+    """(established, owed) over every grid cell of the record, then the gates it owes
+    (`gate_claims`); each claim carries where it was measured (`backend`, `gpu`), part of its
+    identity in the ledger."""
     established, owed = [], []
     for cell in grid_cells(record):
         backend, gpu = where_measured(record, cell)
         e, o = cell_claims(cell)
         established += [{**c, "backend": backend, "gpu": gpu} for c in e]
         owed += [{**c, "backend": backend, "gpu": gpu} for c in o]
-    e, o = gate_claims(record)
-    return established + e, owed + o
+    return established, owed + gate_claims(record)[1]  # a suite that ran is a gate result, not a claim
 
 
 ANY_GPU = "any"  # a claim any GPU model of its backend can settle (a gate the box could not run)
