@@ -51,7 +51,7 @@ def test_case6_the_headline_of_a_cpu_only_pass_is_partial_everywhere():
 
 
 def test_case6_owed_is_not_zero_beside_a_not_run_list():
-    s = parse(html(cpu_only_record()))
+    s = parse(html(cpu_only_record(grid=None)))  # no grid: at 47ce0b3 the tally read "0 owed; 3 not run"
     owed_text = squash(s.text["owed"])
     assert "gate not run — suite packed_gemm: CUDA re-run owed" in owed_text
     assert "CUDA gates not run on fa6ef3fe0123: packed_gemm needs cuda" in owed_text
