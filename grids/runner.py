@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grids.spec import Arm, Cell, GridSpec
-from grids.verdict import judge
+from grids.verdict import MIN_CLAIM_LEGS, judge
 
 SCHEMA_VERSION = 1
 BENCH_SCHEMA_VERSION = 1
@@ -133,6 +133,8 @@ def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | Non
     cap = max_legs if max_legs is not None else spec.max_legs
     if cap < 1:
         raise GridError(f"max_legs: expected an integer >= 1, found {cap!r}")
+    if until_binding:
+        refuse_unbindable(spec.legs, cap, spec.source)
     result = _empty_result(spec, launcher, until_binding, cap)
     for i, cell in enumerate(spec.cells):
         result["cells"].append(_empty_cell(spec, cell, _model_dir(spec, i, checkpoint)))
@@ -147,6 +149,15 @@ def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | Non
     if out is not None:
         write_json_atomic(out, result)
     return result
+
+
+def refuse_unbindable(legs: int, cap: int, source: str) -> None:
+    """--until-binding promises legs until every cell is binding; a grid that starts below the legs
+    any claim needs (or is capped below them) would spend its legs on verdicts that can only be owed."""
+    for key, n in (("legs", legs), ("max_legs", cap)):
+        if n < MIN_CLAIM_LEGS:
+            raise GridError(f"{source}: {key}: {n} legs per arm cannot establish a claim (at least "
+                            f"{MIN_CLAIM_LEGS} needed); --until-binding refuses it")
 
 
 def _model_dir(spec: GridSpec, index: int, checkpoint: Callable[..., Path]) -> str:

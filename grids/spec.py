@@ -6,7 +6,7 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
 
     name: lmhead
     backend: cuda                  # default for arms that do not set one
-    legs: 3                        # legs run without --until-binding
+    legs: 3                        # legs run without --until-binding (>= 3 with it: fewer claim nothing)
     max_legs: 8                    # cap for --until-binding
     warmup: 2                      # per bench process
     iters: 5                       # timed decode runs per bench process (one leg of one arm)
@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from grids.verdict import RULES
+from grids.verdict import MIN_CLAIM_LEGS, RULES
 
 LM_HEADS = ("packed", "dequant")
 BACKENDS = ("cpu", "cuda")
@@ -134,13 +134,17 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
     backend = where.choice(top.get("backend", "cpu"), "backend", BACKENDS)
     defaults = where.mapping(top.get("checkpoint", {}), "checkpoint", _checkpoint_keys())
     legs = where.count(top.get("legs", 3), "legs", 1)
+    until_binding = _flag(top.get("until_binding", False), f"{source}: until_binding")
+    if until_binding and legs < MIN_CLAIM_LEGS:
+        raise SpecError(f"{source}: legs: {legs} legs per arm cannot establish a claim (at least "
+                        f"{MIN_CLAIM_LEGS} needed); until_binding: true refuses it")
     return GridSpec(
         name=where.text(top.get("name"), "name"),
         arms=_arms(where, top.get("arms"), backend),
         cells=_cells(where, top.get("cells"), defaults),
         legs=legs,
         max_legs=where.count(top.get("max_legs", max(legs, 8)), "max_legs", legs),
-        until_binding=_flag(top.get("until_binding", False), f"{source}: until_binding"),
+        until_binding=until_binding,
         warmup=where.count(top.get("warmup", 1), "warmup", 0),
         iters=where.count(top.get("iters", 3), "iters", 1),
         timeout_s=where.number(top.get("timeout_s", 900), "timeout_s"),

@@ -8,8 +8,14 @@ Pure functions over plain numbers (tokens/s per leg per arm); nothing here runs 
   winner is ahead in every leg but p > alpha; `none` otherwise. "Ahead in every leg" means every leg
   of the winner is strictly above every leg of the loser; a tie is not ahead.
 - magnitude: ratio of medians winner / loser with an exact 95% bootstrap interval; `binding` when
-  every arm has at least 2 legs, every spread <= tolerance and the interval lies within
-  +-tolerance of the ratio; `owed` otherwise, each reason spelled out.
+  the direction is established, every arm has at least MIN_CLAIM_LEGS legs, every spread <=
+  tolerance and the interval lies within +-tolerance of the ratio; `owed` otherwise, each reason
+  spelled out. A ratio whose direction is not established is not a binding magnitude, however
+  narrow its interval: "by how much" presupposes "which way".
+- no claim is established from fewer than MIN_CLAIM_LEGS legs per arm, whatever the rule or alpha:
+  with 1 or 2 legs per arm the best possible rank-test p is 1/2 or 1/6, and an every-leg rule or a
+  loose alpha would otherwise turn a coin flip into a claim. Such a direction reads `indicated`
+  (ahead in every leg) or `none`, with the reason in `reasons`.
 
 legs_needed (legs per arm, in total) is a projection "if the pattern holds", and null when it
 cannot be known: for the direction, when the legs overlap (no pattern to extend) or it is already
@@ -27,7 +33,7 @@ from grids.bootstrap import ratio_interval
 from grids.ranktest import mann_whitney_u, p_greater
 
 RULES = ("rank", "every-leg")
-MIN_BINDING_LEGS = 2
+MIN_CLAIM_LEGS = 3  # legs per arm below which nothing is established (direction or magnitude)
 MAX_PROJECTED_LEGS = 16
 
 
@@ -44,9 +50,10 @@ def judge(legs: Mapping[str, Sequence[float]], rule: str = "rank", alpha: float 
     """Judge two arms' legs. Returns {"direction", "magnitude", "arms"} (see docs/GRIDS.md)."""
     arms = _validated(legs, rule, alpha, tolerance)
     winner, loser = _order(arms)
+    direction = _direction(arms, winner, loser, rule, alpha)
     return {
-        "direction": _direction(arms, winner, loser, rule, alpha),
-        "magnitude": _magnitude(arms, winner, loser, tolerance),
+        "direction": direction,
+        "magnitude": _magnitude(arms, winner, loser, tolerance, direction),
         "arms": {name: {"legs": list(xs), "median": statistics.median(xs), "spread": spread(xs)}
                  for name, xs in arms.items()},
         "policy": {"rule": rule, "alpha": alpha, "tolerance": tolerance},
@@ -95,7 +102,8 @@ def _direction(arms: dict[str, list[float]], winner: str | None, loser: str | No
                alpha: float) -> dict:
     if winner is None:
         (_, xa), (_, xb) = arms.items()  # a full tie: U sits at the null's centre, p equal both ways
-        return {"state": "none", "winner": None, "p": p_greater(xa, xb), "legs_needed": None}
+        return {"state": "none", "winner": None, "p": p_greater(xa, xb), "legs_needed": None,
+                "reasons": ["the arms tie: no winner"]}
     xw, xl = arms[winner], arms[loser]
     p = p_greater(xw, xl)
     ahead = _separated(xw, xl)
@@ -103,14 +111,36 @@ def _direction(arms: dict[str, list[float]], winner: str | None, loser: str | No
         state = "established" if ahead else "none"
     else:
         state = "established" if p <= alpha * (1 + 1e-12) else "indicated" if ahead else "none"
-    needed = _direction_legs_needed(len(xw), len(xl), alpha) if state == "indicated" else None
-    return {"state": state, "winner": winner, "p": p, "legs_needed": needed}
+    reasons = _direction_reasons(state, rule, p, ahead)
+    few = _too_few_legs(arms)
+    if state == "established" and few:  # the rule alone would claim it; too few legs to claim anything
+        state, reasons = ("indicated" if ahead else "none"), few
+    needed = None
+    if state == "indicated":
+        needed = _direction_legs_needed(len(xw), len(xl), alpha if rule == "rank" else 1.0)
+    return {"state": state, "winner": winner, "p": p, "legs_needed": needed, "reasons": reasons}
+
+
+def _direction_reasons(state: str, rule: str, p: float, ahead: bool) -> list[str]:
+    if state == "established":
+        return []
+    if state == "indicated":
+        return [f"ahead in every leg but p = {p:.3g} is not significant"]
+    if rule == "every-leg" and not ahead:
+        return ["not ahead in every leg (rule every-leg)"]
+    return ["the legs overlap: no winner"]
+
+
+def _too_few_legs(arms: dict[str, list[float]]) -> list[str]:
+    """Why no claim may be established from these legs (empty when there are enough)."""
+    return [f"{name} has {len(xs)} leg{'s' if len(xs) != 1 else ''}; any established claim needs at least "
+            f"{MIN_CLAIM_LEGS} per arm" for name, xs in arms.items() if len(xs) < MIN_CLAIM_LEGS]
 
 
 def _direction_legs_needed(n_w: int, n_l: int, alpha: float) -> int | None:
-    """Smallest L such that, with each arm topped up to L legs and still fully separated, the exact
-    p = 1 / C(n_w + n_l, n_w) is at most alpha."""
-    for legs in range(min(n_w, n_l) + 1, MAX_PROJECTED_LEGS + 1):
+    """Smallest L >= MIN_CLAIM_LEGS such that, with each arm topped up to L legs and still fully
+    separated, the exact p = 1 / C(n_w + n_l, n_w) is at most alpha (alpha 1: the every-leg rule)."""
+    for legs in range(max(min(n_w, n_l) + 1, MIN_CLAIM_LEGS), MAX_PROJECTED_LEGS + 1):
         w, l = max(n_w, legs), max(n_l, legs)
         if 1 / math.comb(w + l, w) <= alpha * (1 + 1e-12):
             return legs
@@ -118,14 +148,25 @@ def _direction_legs_needed(n_w: int, n_l: int, alpha: float) -> int | None:
 
 
 def _magnitude(arms: dict[str, list[float]], winner: str | None, loser: str | None,
-               tolerance: float) -> dict:
+               tolerance: float, direction: dict) -> dict:
     num, den = (winner, loser) if winner is not None else tuple(arms)
     ratio, ci, reasons = _assess(arms[num], arms[den], num, den, tolerance)
     needed = None
     if reasons and all(spread(xs) <= tolerance for xs in arms.values()):
         needed = _magnitude_legs_needed(arms[num], arms[den], tolerance)
+    if direction["state"] != "established":
+        needed = _with_direction(needed, bool(reasons), direction["legs_needed"])
+        reasons.append(f"direction not established ({direction['state']})")
     return {"state": "owed" if reasons else "binding", "ratio": ratio, "ci": list(ci),
             "reasons": reasons, "legs_needed": needed}
+
+
+def _with_direction(own: int | None, own_owed: bool, direction_needed: int | None) -> int | None:
+    """Legs per arm that settle a magnitude which also waits on its direction: both must settle,
+    so the larger of the two projections; unknown when either is."""
+    if direction_needed is None or (own_owed and own is None):
+        return None
+    return max(own or 0, direction_needed)
 
 
 def _assess(num: list[float], den: list[float], num_name: str, den_name: str,
@@ -134,9 +175,9 @@ def _assess(num: list[float], den: list[float], num_name: str, den_name: str,
     ci = ratio_interval(num, den)
     reasons = []
     for name, xs in ((num_name, num), (den_name, den)):
-        if len(xs) < MIN_BINDING_LEGS:
+        if len(xs) < MIN_CLAIM_LEGS:
             reasons.append(f"{name} has {len(xs)} leg{'s' if len(xs) != 1 else ''}; "
-                           f"binding needs at least {MIN_BINDING_LEGS}")
+                           f"binding needs at least {MIN_CLAIM_LEGS}")
     for name, xs in ((num_name, num), (den_name, den)):
         if spread(xs) > tolerance:
             shown, tol = _pct_pair(spread(xs), tolerance)
@@ -151,7 +192,7 @@ def _assess(num: list[float], den: list[float], num_name: str, den_name: str,
 def _magnitude_legs_needed(num: list[float], den: list[float], tolerance: float) -> int | None:
     """Smallest L at which legs drawn like the present ones (the arm's sorted legs stretched over L
     evenly spaced quantiles, so min, max and shape are kept) would make the magnitude binding."""
-    start = max(MIN_BINDING_LEGS, min(len(num), len(den)) + 1)
+    start = max(MIN_CLAIM_LEGS, min(len(num), len(den)) + 1)
     for legs in range(start, MAX_PROJECTED_LEGS + 1):
         a = _stretched(num, max(len(num), legs))
         b = _stretched(den, max(len(den), legs))

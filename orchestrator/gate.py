@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Callable
 
 import ray
 import ray.exceptions
 
+from gates.sacred import trusted_root as sacred_trusted_root
 from orchestrator import db
 from orchestrator.config import Config
+from orchestrator.headline import shown_state
 from orchestrator.job import JobSpec
 from orchestrator.placement import JobLost, PlacementError, check_box, start_ray, stream, submit
 from orchestrator.provenance import Archive, archive, read_member
@@ -36,21 +39,26 @@ def decide(record: dict) -> str:
     suites = record.get("suites") or []
     if any(s["state"] in ("RED", "TIMEOUT") for s in suites):
         return "FAILED"
-    if any(p.get("state") == "SURVIVED" for p in record.get("mutations") or []):
-        return "FAILED"
+    if any(p.get("state") in ("SURVIVED", "STALE") for p in record.get("mutations") or []):
+        return "FAILED"  # a stale pin guards nothing: not a pass
     if not (record.get("sacred") or {}).get("ok", True):
         return "FAILED"
+    if not (record.get("gate_set") or {}).get("ok", True):
+        return "FAILED"  # the head dropped a suite or lowered a census, unaccepted
     if not any(s["state"] == "GREEN" for s in suites):
         record["error"] = "no gate suite ran on this box, so nothing was gated"
         return "ERROR"
     return "PASSED"
 
 
-def idempotency_key(arch: Archive, grid: str | None, box: str, config_digest: str, accept_sacred: bool = False) -> str:
-    """sha + gate set (the head's manifest, the grid, sacred acceptance) + box + config digest."""
+def idempotency_key(arch: Archive, grid: str | None, box: str, config_digest: str, accept_sacred: bool = False,
+                    accept_gate_change: bool = False, trusted_root=None) -> str:
+    """sha + gate set (the head's and the trusted manifest, the grid, acceptances) + box + config digest."""
     manifest = read_member(arch.tarball, MANIFEST) or b"<no manifest>"
-    extra = f"\0grid={grid or ''}\0accept_sacred={accept_sacred}".encode()
-    gate_set = hashlib.sha256(manifest + extra).hexdigest()[:16]
+    trusted = Path(trusted_root or sacred_trusted_root()) / MANIFEST
+    mine = trusted.read_bytes() if trusted.is_file() else b"<no trusted manifest>"
+    extra = f"\0grid={grid or ''}\0accept_sacred={accept_sacred}\0accept_gate_change={accept_gate_change}".encode()
+    gate_set = hashlib.sha256(manifest + b"\0" + mine + extra).hexdigest()[:16]
     return "|".join([arch.sha, gate_set, box, config_digest])
 
 
@@ -60,13 +68,13 @@ def new_record(arch: Archive, box: str, run_id: str) -> dict:
             "created_at": db.utc_now(), "finished_at": None,
             "box": {"name": box, "node_id": None, "gpu": None, "backend": None},
             "provenance": {"md5_head": arch.md5, "md5_box": None, "archive_bytes": len(arch.tarball)},
-            "lock": None, "idle": None, "sacred": None, "build": None, "versions": None, "suites": [], "mutations": [],
+            "lock": None, "idle": None, "sacred": None, "gate_set": None, "build": None, "versions": None, "suites": [], "mutations": [],
             "grid": None, "residency": None, "not_run": [], "error": None, "timings": {}, "report_path": None}
 
 
 def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, grid: str | None = None,
              force: bool = False, progress: Progress = lambda ev: None, address: str | None = None,
-             hooks: tuple[str, ...] = (), accept_sacred: bool = False) -> dict:
+             hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False) -> dict:
     """Gate `rev` of `repo` on `box`; the stored record (an earlier identical one unless `force`)."""
     t0 = time.monotonic()
     box_cfg = config.box(box)
@@ -77,7 +85,8 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     conn = db.connect(config.db_path)
     try:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
-        key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred)
+        key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred, accept_gate_change,
+                              config.trusted_root)
         if not force and (done := db.find_reusable(conn, key)) is not None:
             progress({"event": "reused", "run_id": done["run_id"], "state": done["state"]})
             return done
@@ -87,7 +96,8 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
         spec = JobSpec(record["run_id"], arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
                        config.timeouts.lock_s, config.timeouts.idle_wait_s,
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
-                       str(config.trusted_root) if config.trusted_root else None, accept_sacred)
+                       str(config.trusted_root) if config.trusted_root else None, accept_sacred,
+                       accept_gate_change)
         _place_and_run(config, spec, arch, record, conn, progress, address or config.ray_address)
         return finish_run(config, conn, record, t0)
     finally:
@@ -159,6 +169,7 @@ def finish_run(config: Config, conn, record: dict, t0: float) -> dict:
     A report failure lands in not_run; it never loses the result."""
     if record["state"] != "LOST":
         record["state"] = decide(record)
+    record["shown_state"] = shown_state(record)  # PASSED (partial: ...) when a manifest suite did not run
     record["finished_at"] = db.utc_now()
     record["timings"]["total_s"] = round(time.monotonic() - t0, 3)
     record["report_path"] = _render(record, config.reports_dir)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from gates.manifest import ManifestError, load_manifest
-from gates.sacred import check_sacred
+from gates.sacred import check_sacred, trusted_root
+from gates.trusted import GateSet, gate_set
 from orchestrator import idle
 from orchestrator.build import BuildError, build
 from orchestrator.config import BoxConfig
@@ -29,6 +30,8 @@ from orchestrator.suites import NO_GPU, not_run, run_suite
 from orchestrator.tree_residency import measure as measure_residency
 
 Emit = Callable[[dict], None]
+MUTATIONS_OFF = ("mutations: off in the trusted gates.yaml, so no pin was applied in this gate; "
+                 "`orchestrator mutate --head {sha} --all` runs them")
 HOOK_CORRUPT = "corrupt_tarball"  # test hook: flip one byte after the transfer, as a bad link would
 
 
@@ -48,8 +51,9 @@ class JobSpec:
     work_dir: str | None = None
     grid: str | None = None
     hooks: tuple[str, ...] = ()
-    trusted_root: str | None = None  # whose gates.yaml judges sacred suites; None: the box's regate
+    trusted_root: str | None = None  # whose gates.yaml judges the head (suites, census, sacred); None: the box's regate
     accept_sacred: bool = False
+    accept_gate_change: bool = False  # let a head that drops a suite or lowers a census pass (recorded)
 
 
 def versions() -> dict:
@@ -100,14 +104,15 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
         if b["missing"]:
             raise JobError(f"degraded build: required marker(s) missing: {', '.join(b['missing'])} "
                            f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
-        manifest = load_manifest(tree)
+        gates = _gate_set(tree, spec)
+        parts["gate_set"] = gates.record()
         parts["sacred"] = _sacred(tree, spec)
-        _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu)
+        _under_lock(spec, tree, gates, emit, cancelled, parts, has_gpu)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu) -> None:
+def _under_lock(spec, tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> None:
     emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
     on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
     with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, cancelled) as held:
@@ -120,11 +125,13 @@ def _under_lock(spec, tree, manifest, emit, cancelled, parts, has_gpu) -> None:
             raise JobError(f"box {spec.box.name} is not idle: {parts['idle']['detail']}")
         parts["residency"] = _residency(spec, tree, emit, cancelled, parts)
         t = time.monotonic()
-        parts["suites"] = _suites(tree, manifest, emit, cancelled, parts, has_gpu)
+        parts["suites"] = _suites(tree, gates, emit, cancelled, parts, has_gpu)
         for s in parts["suites"]:
             s["sacred_modified"] = s["name"] in parts["sacred"]["modified"]
-        if manifest.mutations == "on_gate":
+        if gates.mutations == "on_gate":
             parts["mutations"] = _pins(tree, emit, parts)
+        else:  # not run is not passed: the report lists it beside the CUDA gates
+            parts["not_run"].append({"what": "mutation pins", "why": MUTATIONS_OFF.format(sha=spec.sha[:12])})
         parts["timings"]["gates_s"] = round(time.monotonic() - t, 3)
         if spec.grid:
             t = time.monotonic()
@@ -145,9 +152,12 @@ def _residency(spec, tree, emit, cancelled, parts) -> list[dict] | None:
     return readings
 
 
-def _suites(tree, manifest, emit, cancelled, parts, has_gpu) -> list[dict]:
+def _suites(tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> list[dict]:
     out = []
-    for suite in manifest.suites:
+    for suite, why in gates.skipped:
+        out.append(not_run(suite, why))
+        parts["not_run"].append({"what": f"suite {suite.name}", "why": why})
+    for suite in gates.suites:
         if "cuda" in suite.needs and not has_gpu:
             out.append(not_run(suite, NO_GPU))
             parts["not_run"].append({"what": f"suite {suite.name}", "why": NO_GPU})
@@ -175,6 +185,12 @@ def _pins(tree, emit, parts) -> list[dict]:
     def on_pin(r: dict) -> None:
         emit({"event": "step", "step": f"pin {r.get('pin')}", "status": r.get("state"), "detail": r.get("detail", "")})
     return list(run_pins(tree, progress=on_pin))
+
+
+def _gate_set(tree: Path, spec: JobSpec) -> GateSet:
+    """The suites that judge this head: the trusted manifest's, weakenings by the head's flagged."""
+    trusted = load_manifest(spec.trusted_root or trusted_root())
+    return gate_set(trusted, load_manifest(tree), spec.accept_gate_change)
 
 
 def _sacred(tree: Path, spec: JobSpec) -> dict:

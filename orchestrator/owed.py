@@ -1,24 +1,30 @@
 """The owed ledger: claims a run could not establish, kept open until a later run settles them or a
 person closes them with a reason.
 
-A row is (what, head, cell, reason, opened by run). `what` is `magnitude` (an owed magnitude) or
-`direction` (a direction only indicated, or none). A later run of the same head settles the open
-magnitude row of a cell whose magnitude it measured binding, and the open direction row of a cell
-whose direction it established. The claims themselves are decided in `orchestrator.report.claims`,
-the same code the report uses, so the ledger and the report never disagree about what is owed.
+A row is (what, head, cell, backend, gpu, reason, opened by run). `what` is `magnitude` (an owed
+magnitude), `direction` (a direction only indicated, or none) or `gate` (a suite of the manifest the
+box could not run: the seed's "CUDA re-run owed"). Where a claim was measured is part of its identity:
+a CPU run says nothing about a CUDA magnitude, nor an RTX about an H200. So a later run of the same
+head settles an open row only on a matching box: same backend and same GPU model (a `gate` row waits
+for any box of its backend, `gpu = any`), for a cell whose magnitude it measured binding, whose
+direction it established, or a suite it ran. The claims themselves are decided in
+`orchestrator.report.claims`, the same code the report uses, so the ledger and the report never
+disagree about what is owed.
 
 Functions take a sqlite3 connection (`orchestrator.db.connect`) and join the caller's transaction
 when one is open (`db.finish` syncs inside its own), else run in one of their own.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, timezone
 
 from orchestrator.db import transaction
-from orchestrator.report.claims import cell_claims, grid_cells
+from orchestrator.report.claims import ANY_GPU, claims, gate_claims, where_measured
 
-WHATS = ("magnitude", "direction")
+WHATS = ("magnitude", "direction", "gate")
+UNKNOWN = "unknown"  # where a row migrated from an older ledger was measured, when its run is gone
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS owed (
@@ -26,6 +32,8 @@ CREATE TABLE IF NOT EXISTS owed (
   what TEXT NOT NULL,
   head_sha TEXT NOT NULL,
   cell TEXT NOT NULL,
+  backend TEXT NOT NULL DEFAULT 'unknown',
+  gpu TEXT NOT NULL DEFAULT 'unknown',
   label TEXT,
   reason TEXT NOT NULL,
   legs_needed INTEGER,
@@ -37,10 +45,12 @@ CREATE TABLE IF NOT EXISTS owed (
   closed_at TEXT,
   close_reason TEXT
 );
-CREATE UNIQUE INDEX IF NOT EXISTS owed_one_open ON owed (head_sha, cell, what) WHERE state = 'open';
 """
-_COLUMNS = ("id", "what", "head_sha", "cell", "label", "reason", "legs_needed", "opened_by", "opened_at",
-            "last_seen_by", "state", "closed_by", "closed_at", "close_reason")
+# One open row per claim and box kind; the index before backends (head, cell, what) is dropped.
+_INDEX = ("CREATE UNIQUE INDEX IF NOT EXISTS owed_one_open_where ON owed (head_sha, cell, what, backend, gpu)"
+          " WHERE state = 'open'")
+_COLUMNS = ("id", "what", "head_sha", "cell", "backend", "gpu", "label", "reason", "legs_needed", "opened_by",
+            "opened_at", "last_seen_by", "state", "closed_by", "closed_at", "close_reason")
 
 
 class OwedError(ValueError):
@@ -52,64 +62,91 @@ def _now() -> str:
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
-    for statement in filter(str.strip, _SCHEMA.split(";")):
-        conn.execute(statement)
-    have = {r[1] for r in conn.execute("PRAGMA table_info(owed)")}
-    if "label" not in have:  # a ledger written before cells had labels
-        conn.execute("ALTER TABLE owed ADD COLUMN label TEXT")
+    with transaction(conn):
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            conn.execute(statement)
+        have = {r[1] for r in conn.execute("PRAGMA table_info(owed)")}
+        if "label" not in have:  # a ledger written before cells had labels
+            conn.execute("ALTER TABLE owed ADD COLUMN label TEXT")
+        if "backend" not in have:  # a ledger written before claims carried where they were measured
+            _migrate_where(conn)
+        conn.execute("DROP INDEX IF EXISTS owed_one_open")
+        conn.execute(_INDEX)
+
+
+def _migrate_where(conn: sqlite3.Connection) -> None:
+    """Add backend and gpu; fill each row's from the record of the run that opened it. A row whose run
+    is gone stays `unknown`: no run matches it, so only a person can close it, with a reason."""
+    conn.execute(f"ALTER TABLE owed ADD COLUMN backend TEXT NOT NULL DEFAULT '{UNKNOWN}'")
+    conn.execute(f"ALTER TABLE owed ADD COLUMN gpu TEXT NOT NULL DEFAULT '{UNKNOWN}'")
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'").fetchone():
+        return
+    rows = conn.execute("SELECT owed.id, runs.record FROM owed JOIN runs ON runs.run_id = owed.opened_by").fetchall()
+    for item_id, blob in rows:
+        backend, gpu = where_measured(json.loads(blob), None)
+        conn.execute("UPDATE owed SET backend=?, gpu=? WHERE id=?", (backend, gpu, item_id))
 
 
 def _row(r: tuple) -> dict:
     return dict(zip(_COLUMNS, r))
 
 
-def _open_row(conn, head: str, cell: str, what: str) -> dict | None:
+def _open_rows(conn, head: str, claim: dict) -> list[dict]:
+    """Open rows of this claim that a run measured at `claim`'s backend and gpu stands for; a row
+    kept for any GPU of a backend (`gpu = any`) is stood for by every GPU of it."""
     r = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM owed WHERE head_sha=? AND cell=? AND what=?"
-                     " AND state='open'", (head, cell, what)).fetchone()
-    return _row(r) if r else None
+                     " AND backend=? AND gpu IN (?, ?) AND state='open'",
+                     (head, claim["cell"], claim["what"], claim["backend"], claim["gpu"], ANY_GPU)).fetchall()
+    return [_row(x) for x in r]
 
 
 def _open_or_refresh(conn, claim: dict, head: str, run_id: str) -> tuple[str, int]:
     reason = "; ".join(claim["reasons"])
-    row = _open_row(conn, head, claim["cell"], claim["what"])
+    row = next((r for r in _open_rows(conn, head, claim) if r["gpu"] == claim["gpu"]), None)
     if row:  # still owed: keep who opened it, say what the latest run found
         conn.execute("UPDATE owed SET reason=?, legs_needed=?, last_seen_by=? WHERE id=?",
                      (reason, claim.get("legs_needed"), run_id, row["id"]))
         return "refreshed", row["id"]
     cur = conn.execute(
-        "INSERT INTO owed (what, head_sha, cell, label, reason, legs_needed, opened_by, opened_at, last_seen_by)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (claim["what"], head, claim["cell"], claim["label"], reason, claim.get("legs_needed"), run_id, _now(), run_id))
+        "INSERT INTO owed (what, head_sha, cell, backend, gpu, label, reason, legs_needed, opened_by, opened_at,"
+        " last_seen_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (claim["what"], head, claim["cell"], claim["backend"], claim["gpu"], claim["label"], reason,
+         claim.get("legs_needed"), run_id, _now(), run_id))
     return "opened", cur.lastrowid
 
 
-def _settle(conn, claim: dict, head: str, run_id: str) -> int | None:
-    row = _open_row(conn, head, claim["cell"], claim["what"])
-    if not row:
-        return None
-    conn.execute("UPDATE owed SET state='settled', closed_by=?, closed_at=?, close_reason=? WHERE id=?",
-                 (run_id, _now(), f"{claim['what']} {claim['state']} in run {run_id}: {claim['text']}", row["id"]))
-    return row["id"]
+def _settle(conn, claim: dict, head: str, run_id: str) -> list[int]:
+    rows = _open_rows(conn, head, claim)
+    where = claim["backend"] + ("" if claim["gpu"] in ("none", ANY_GPU) else f" {claim['gpu']}")
+    for row in rows:
+        conn.execute("UPDATE owed SET state='settled', closed_by=?, closed_at=?, close_reason=? WHERE id=?",
+                     (run_id, _now(), f"{claim['what']} {claim['state']} in run {run_id} on {where}: "
+                                      f"{claim['text']}", row["id"]))
+    return [r["id"] for r in rows]
 
 
 def sync_from_record(conn: sqlite3.Connection, record: dict) -> dict[str, list[int]]:
-    """Open rows for what the record leaves owed; settle open rows it establishes. Idempotent."""
+    """Open rows for what the record leaves owed; settle open rows it establishes on a matching box.
+    Idempotent."""
     head, run_id = (record.get("head") or {}).get("sha"), record.get("run_id")
     if not head or not run_id:
         raise OwedError(f"run record {run_id or '?'}: head.sha and run_id are required to sync the owed ledger")
     out: dict[str, list[int]] = {"opened": [], "refreshed": [], "settled": []}
     with transaction(conn):
         ensure_schema(conn)
-        for cell in grid_cells(record):
-            established, owed = cell_claims(cell)
+        for established, owed in _claims(record):
             for claim in owed:
                 kind, item_id = _open_or_refresh(conn, claim, head, run_id)
                 out[kind].append(item_id)
             for claim in established:
-                settled = _settle(conn, claim, head, run_id)
-                if settled is not None:
-                    out["settled"].append(settled)
+                out["settled"] += _settle(conn, claim, head, run_id)
     return out
+
+
+def _claims(record: dict) -> list[tuple[list[dict], list[dict]]]:
+    """(established, owed), each stamped with where it was measured (`claims.claims`), then the
+    suites this box ran, which settle a gate owed for them."""
+    return [claims(record), (gate_claims(record)[0], [])]
 
 
 def list_open(conn: sqlite3.Connection, head_sha: str | None = None) -> list[dict]:

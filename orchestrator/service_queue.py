@@ -71,7 +71,7 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
     arch = archive(repo, rev)
     if grid is not None:
         _check_grid(arch, grid)
-    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg))
+    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), trusted_root=config.trusted_root)
     with _ENQUEUE:
         if not force and (done := db.find_reusable(conn, key)) is not None:
             return done, False

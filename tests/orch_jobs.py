@@ -67,19 +67,23 @@ def residency_files() -> dict[str, str]:
             "engine/ckpt_cache.py": FAKE_CKPT_CACHE, "grids/big.yaml": BIG_GRID}
 
 
-def box_job(repo: Path, tmp_path: Path, grid: str | None = None) -> tuple[dict, list[dict]]:
-    """Run the box's job on `repo`'s HEAD in this process; (its parts, the events it emitted)."""
+def box_job(repo: Path, tmp_path: Path, grid: str | None = None, trusted: Path | None = None,
+            accept_gate_change: bool = False) -> tuple[dict, list[dict]]:
+    """Run the box's job on `repo`'s HEAD in this process; (its parts, the events it emitted).
+    `trusted`: whose gates.yaml judges the head (default: `repo`'s working tree)."""
     arch = archive(repo, "HEAD")
     (tmp_path / "work").mkdir(exist_ok=True)
     spec = JobSpec("r-test", arch.sha, arch.md5, _box(tmp_path), build_timeout_s=60, lock_timeout_s=10,
-                   idle_wait_s=5, work_dir=str(tmp_path / "work"), grid=grid, trusted_root=str(repo))
+                   idle_wait_s=5, work_dir=str(tmp_path / "work"), grid=grid, trusted_root=str(trusted or repo),
+                   accept_gate_change=accept_gate_change)
     events: list[dict] = []
     parts = run_job(spec, {"name": "A", "node_id": "n0"}, lambda: (arch.tarball, 0.0), events.append)
     return parts, events
 
 
-def gate_without_ray(repo: Path, tmp_path: Path) -> dict:
-    """The whole gate of `repo`'s HEAD as `run_gate` records it, the box's job run in this process."""
+def gate_without_ray(repo: Path, tmp_path: Path, **job) -> dict:
+    """The whole gate of `repo`'s HEAD as `run_gate` records it, the box's job run in this process
+    (`job`: `box_job`'s trusted root and acceptance)."""
     t0 = time.monotonic()
     config = Config(boxes=(_box(tmp_path),), db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports")
     arch = archive(repo, "HEAD")
@@ -87,7 +91,7 @@ def gate_without_ray(repo: Path, tmp_path: Path) -> dict:
     try:
         record = new_record(arch, "A", db.new_run_id(arch.sha))
         db.insert_queued(conn, record, idempotency_key(arch, None, "A", config.digest(config.boxes[0])))
-        parts, _ = box_job(repo, tmp_path)
+        parts, _ = box_job(repo, tmp_path, **job)
         merge_result(record, parts, put_s=0.0)
         return finish_run(config, conn, record, t0)
     finally:

@@ -147,15 +147,28 @@ def test_cli_json_exit_codes_and_user_tree_untouched(repo):
     before = tree_digest(repo)
     r = _cli("--head", _git(repo, "rev-parse", "HEAD"), "--repo", str(repo), "--pin", "no-upper-clamp",
              "--pin", "gone", "--json")
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # a STALE pin is not a pass
     out = json.loads(r.output.strip().splitlines()[-1])
     assert [m["state"] for m in out["mutations"]] == ["KILLED", "STALE"]
+    r = _cli("--head", _git(repo, "rev-parse", "HEAD"), "--repo", str(repo), "--pin", "no-upper-clamp")
+    assert r.exit_code == 0, r.output  # every pin KILLED: the only exit 0
     assert out["head"]["sha"] == _git(repo, "rev-parse", "HEAD")
     r = _cli("--head", "HEAD~0", "--repo", str(repo), "--pin", "harmless")  # dirty + symbolic: refused
     assert r.exit_code == 2 and "uncommitted" in r.output
     r = _cli("--head", _git(repo, "rev-parse", "HEAD"), "--repo", str(repo), "--pin", "harmless")
     assert r.exit_code == 1 and "SURVIVED  harmless" in r.output
     assert tree_digest(repo) == before
+
+
+def test_case5_a_pin_made_stale_by_a_reformat_exits_1(repo):
+    """Issue 25 case 5: reformat the line a pin edits; `orchestrator mutate` said 0 KILLED, 0 SURVIVED,
+    1 STALE and exited 0."""
+    lib = repo / "toy" / "lib.py"
+    lib.write_text(lib.read_text().replace("if x > hi:", "if x>hi:"))
+    _git(repo, "commit", "-qam", "reformat clamp")
+    r = _cli("--head", _git(repo, "rev-parse", "HEAD"), "--repo", str(repo), "--pin", "no-upper-clamp")
+    assert "0 KILLED, 0 SURVIVED, 1 STALE" in r.output
+    assert r.exit_code == 1, r.output
 
 
 @pytest.mark.parametrize("args", [["--all", "--pin", "x"], [], ["--pin", "nope"]])

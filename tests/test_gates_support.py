@@ -1,6 +1,8 @@
 """gates.suites.support: the margin rule and the field walk the suites judge the engine with."""
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from engine.nvfp4 import Nvfp4Weight, quantize
@@ -94,3 +96,60 @@ def test_live_float_tensors_sees_a_copy_held_anywhere():
     assert [tuple(t.shape) for t in live_float_tensors({shape})] == [shape]
     del held
     assert live_float_tensors({shape}) == []
+
+
+# --- the oracle's own decode (issue 25 case 7) -----------------------------------------------------
+
+import pytest  # noqa: E402
+
+from engine.loader import load_checkpoint  # noqa: E402
+from gates.suites import support  # noqa: E402
+
+
+def test_the_spec_unpacker_agrees_with_compressed_tensors_bit_for_bit():
+    pytest.importorskip("compressed_tensors")
+    every_byte = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    spec, peer = support.spec_unpack(every_byte, 4, 128), support.peer_unpack(every_byte, 4, 128)
+    assert torch.equal(spec, peer) and torch.equal(torch.signbit(spec), torch.signbit(peer))
+    assert support.oracle_unpacker()[0] == "compressed-tensors"
+
+
+@pytest.mark.parametrize("naming", support.NAMINGS)
+def test_case7_the_oracle_does_not_decode_with_the_decoder_it_judges(naming, monkeypatch):
+    """Issue 25 case 7: the oracle's weights came from `Nvfp4Weight.dequantize`, the engine's decoder;
+    break that decoder and the oracle must not move with it."""
+    model_dir = support.checkpoint(naming, "model.")
+    ckpt = load_checkpoint(model_dir)
+    honest = support.oracle_state_dict(ckpt, model_dir)
+    monkeypatch.setattr(Nvfp4Weight, "dequantize", lambda self, dtype=torch.float32: torch.zeros(
+        self.packed.shape[0], self.packed.shape[1] * 2, dtype=dtype))
+    assert all(torch.equal(honest[k], v) for k, v in support.oracle_state_dict(ckpt, model_dir).items())
+
+
+@pytest.mark.parametrize("naming", support.NAMINGS)
+def test_the_oracle_decode_agrees_with_the_engines_to_rounding(naming):
+    model_dir = support.checkpoint(naming, "model.language_model.")
+    ckpt = load_checkpoint(model_dir)
+    raw = support.RawTensors(model_dir)
+    nvfp4 = {n: w for n, w in ckpt.linears.items() if isinstance(w, Nvfp4Weight)}
+    assert "lm_head" in nvfp4 and len(nvfp4) > 1
+    for name, w in nvfp4.items():
+        module = "lm_head" if name == "lm_head" else f"{ckpt.prefix}{name}"
+        ours = support.oracle_nvfp4(raw, module)
+        torch.testing.assert_close(ours, w.dequantize(torch.float32), rtol=1e-6, atol=0, msg=module)
+
+
+def test_without_compressed_tensors_the_spec_path_gives_the_same_oracle(monkeypatch):
+    model_dir = support.checkpoint("compressed-tensors", "model.")
+    ckpt = load_checkpoint(model_dir)
+    with_peer = support.oracle_state_dict(ckpt, model_dir)
+    monkeypatch.setitem(sys.modules, "compressed_tensors.compressors.nvfp4.helpers", None)  # as on the GPU box
+    assert support.oracle_unpacker()[0] == "spec"
+    without = support.oracle_state_dict(ckpt, model_dir)
+    assert all(torch.equal(with_peer[k], v) for k, v in without.items())
+
+
+def test_a_module_without_nvfp4_tensors_is_named():
+    raw = support.RawTensors(support.checkpoint("modelopt", "model."))
+    with pytest.raises(KeyError, match="model.layers.0.nope: no NVFP4 tensors under either naming"):
+        support.oracle_nvfp4(raw, "model.layers.0.nope")

@@ -59,15 +59,24 @@ def test_legs_alternate_in_fresh_processes_and_keep_raw(fake, tmp_path):
 
 
 def test_until_binding_stops_when_every_cell_binds(fake):
-    rates = {"packed@b1": [10.0, 10.01], "dequant@b1": [9.0, 9.01],  # binds at leg 2
+    rates = {"packed@b1": [10.0, 10.01, 10.005], "dequant@b1": [9.0, 9.01, 9.005],  # binds at leg 3
              "packed@b16": [10.0], "dequant@b16": [9.0, 9.5]}  # dequant 5.6% apart: never binds
-    result, calls = fake(rates, _spec(legs=1, max_legs=4, batches=(1, 16)), until_binding=True)
+    result, calls = fake(rates, _spec(legs=3, max_legs=5, batches=(1, 16)), until_binding=True)
     tight, noisy = result["cells"]
-    assert len(tight["arms"]["packed"]["legs"]) == 2
+    assert len(tight["arms"]["packed"]["legs"]) == 3
     assert tight["verdict"]["magnitude"]["state"] == "binding"
-    assert len(noisy["arms"]["dequant"]["legs"]) == 4  # ran to max_legs
+    assert len(noisy["arms"]["dequant"]["legs"]) == 5  # ran to max_legs
     assert noisy["verdict"]["magnitude"]["state"] == "owed"
-    assert len(calls) == 2 * (2 + 4)
+    assert len(calls) == 2 * (3 + 5)
+
+
+@pytest.mark.parametrize("legs, max_legs, key", [(2, 8, "legs"), (3, 8, "max_legs")])
+def test_case3_until_binding_refuses_too_few_legs(fake, legs, max_legs, key):
+    """Issue 25 case 3: a grid run until binding with fewer legs than any claim needs is refused."""
+    cap = 2 if key == "max_legs" else None
+    with pytest.raises(GridError, match=f"{key}: 2 legs per arm cannot establish a claim"):
+        fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=legs, max_legs=max_legs), until_binding=True,
+             max_legs=cap)
 
 
 def test_without_until_binding_runs_the_spec_legs_only(fake):

@@ -104,3 +104,15 @@ def test_until_binding_flag_is_read_and_validated():
     assert parse_spec({**base, "until_binding": True}).until_binding is True
     with pytest.raises(SpecError, match="until_binding"):
         parse_spec({**base, "until_binding": "yes"})
+
+
+@pytest.mark.parametrize("legs", [1, 2])
+def test_case3_until_binding_spec_below_the_claim_minimum_is_refused(legs):
+    """Issue 25 case 3: `legs: 1` was accepted for a grid that promises to run until binding."""
+    from grids.spec import SpecError, parse_spec
+    base = {"name": "g", "arms": {"a": {"lm_head": "packed"}, "b": {"lm_head": "dequant"}},
+            "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}], "legs": legs}
+    assert parse_spec(base).legs == legs  # a plain grid may run few legs: its verdicts stay owed
+    with pytest.raises(SpecError, match=f"legs: {legs} legs per arm cannot establish a claim "
+                                        r"\(at least 3 needed\); until_binding: true refuses it"):
+        parse_spec({**base, "until_binding": True})

@@ -47,12 +47,17 @@ def test_gate_head_of_this_repo_end_to_end(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
     sha = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    assert line["state"] == "PASSED" and line["head_sha"] == sha.strip()
+    assert line["head_sha"] == sha.strip() and line["exit_code"] == 0
     assert line["md5_head"] == line["md5_box"] and line["backend"] in ("cpu", "cuda")
     assert line["suites"] and all(s["state"] in ("GREEN", "NOT_RUN") for s in line["suites"])
     assert any(s["state"] == "GREEN" and s["tests_passed"] == s["census_tests"] for s in line["suites"])
-    if line["backend"] == "cpu":
+    unrun = [s["name"] for s in line["suites"] if s["state"] == "NOT_RUN"]
+    if line["backend"] == "cpu":  # a CPU box passes what it ran, and says it is partial
         assert {"what": "CUDA gates", "why": "no CUDA gate was run: this box has no GPU"} in line["not_run"]
+        assert unrun and line["state"] == f"PASSED (partial: {', '.join(unrun)} not run on this box)"
+        assert line["full_pass"] is False and line["not_run_suites"] == unrun
+    else:
+        assert line["state"] == "PASSED" and line["full_pass"] is True
     assert Path(clone, line["report_path"]).is_file()
     shown = _orch(["show", line["run_id"][:18]], clone, tmp_path)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "PASSED"

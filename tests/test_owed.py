@@ -8,6 +8,8 @@ from orchestrator import db, owed
 
 SHA = rr.BASE["head"]["sha"]
 OTHER = "c0ffee" + SHA[6:]
+H200 = {"name": "h200-a", "node_id": "n1", "gpu": "NVIDIA H200", "backend": "cuda"}
+CPU = {"name": "laptop", "node_id": "n2", "gpu": None, "backend": "cpu"}
 
 
 @pytest.fixture
@@ -97,4 +99,84 @@ def test_a_ledger_without_the_label_column_is_upgraded(tmp_path):
               " closed_by TEXT, closed_at TEXT, close_reason TEXT)")
     owed.sync_from_record(c, rr.seed_record(run_id="r-1"))
     assert len(owed.list_open(c)) == 2
+    c.close()
+
+
+def test_case1_a_cpu_run_does_not_settle_what_a_cuda_run_left_owed(conn):
+    """Issue 25 case 1: the seed's legs on CUDA open direction and magnitude; a binding CPU run of the
+    same head and cell settled both. Now it opens its own rows and the CUDA ones stay open."""
+    owed.sync_from_record(conn, rr.seed_record(run_id="r-cuda", box=H200))
+    out = owed.sync_from_record(conn, rr.record(run_id="r-cpu", box=CPU, grid=rr.grid(rr.binding_verdict())))
+    assert out["settled"] == [] and out["opened"] == []
+    items = owed.list_open(conn, SHA)
+    assert {(i["what"], i["backend"], i["gpu"]) for i in items} == {("magnitude", "cuda", "NVIDIA H200"),
+                                                                   ("direction", "cuda", "NVIDIA H200")}
+
+
+def test_case1_another_gpu_model_does_not_settle_either_the_same_one_does(conn):
+    owed.sync_from_record(conn, rr.seed_record(run_id="r-h200", box=H200))
+    rtx = {**H200, "name": "rtx", "gpu": "NVIDIA GeForce RTX 4090"}
+    assert owed.sync_from_record(conn, rr.record(run_id="r-rtx", box=rtx,
+                                                 grid=rr.grid(rr.binding_verdict())))["settled"] == []
+    assert len(owed.list_open(conn, SHA)) == 2
+    out = owed.sync_from_record(conn, rr.record(run_id="r-h200b", box={**H200, "name": "h200-b"},
+                                                grid=rr.grid(rr.binding_verdict())))
+    assert len(out["settled"]) == 2 and owed.list_open(conn, SHA) == []
+    reason = conn.execute("SELECT close_reason FROM owed WHERE what='magnitude'").fetchone()[0]
+    assert "in run r-h200b on cuda NVIDIA H200" in reason
+
+
+def test_case1_the_same_cell_owed_on_two_backends_is_two_rows(conn):
+    owed.sync_from_record(conn, rr.seed_record(run_id="r-cpu", box=CPU))
+    owed.sync_from_record(conn, rr.seed_record(run_id="r-cuda", box=H200))
+    assert sorted((i["what"], i["backend"]) for i in owed.list_open(conn, SHA)) == [
+        ("direction", "cpu"), ("direction", "cuda"), ("magnitude", "cpu"), ("magnitude", "cuda")]
+
+
+def test_a_cpu_grid_on_a_gpu_box_is_keyed_by_the_backend_its_legs_ran_on(conn):
+    grid = rr.grid(rr.seed_verdict())
+    for arm in grid["cells"][0]["arms"].values():
+        arm["options"] = {"backend": "cpu", "lm_head": "packed"}
+    owed.sync_from_record(conn, rr.record(run_id="r-1", box=H200, grid=grid))
+    assert {(i["backend"], i["gpu"]) for i in owed.list_open(conn)} == {("cpu", "none")}
+
+
+def test_gates_a_box_could_not_run_are_owed_until_a_box_of_their_backend_runs_them(conn):
+    cpu_run = rr.record(run_id="r-cpu", box=CPU)
+    cpu_run["suites"].append({"name": "packed_gemm", "sacred": False, "needs": ["cuda"], "state": "NOT_RUN",
+                              "why": "no CUDA gate was run: this box has no GPU"})
+    out = owed.sync_from_record(conn, cpu_run)
+    [item] = owed.list_open(conn, SHA)
+    assert out["opened"] == [item["id"]]
+    assert (item["what"], item["cell"], item["backend"], item["gpu"]) == ("gate", "suite packed_gemm", "cuda", "any")
+    assert item["reason"].startswith(f"CUDA gates not run on {SHA[:12]}: packed_gemm needs cuda")
+    assert owed.sync_from_record(conn, {**cpu_run, "run_id": "r-cpu2"})["settled"] == []
+    cuda_run = rr.record(run_id="r-cuda", box=H200)
+    cuda_run["suites"].append({"name": "packed_gemm", "sacred": False, "needs": ["cuda"], "state": "GREEN"})
+    other_head = {**cuda_run, "run_id": "r-other", "head": {"rev": "x", "sha": OTHER}}
+    assert owed.sync_from_record(conn, other_head)["settled"] == []
+    assert owed.sync_from_record(conn, cuda_run)["settled"] == [item["id"]]
+    assert owed.list_open(conn) == []
+
+
+def test_rows_of_a_ledger_without_backends_migrate_from_their_runs(tmp_path):
+    c = db.connect(tmp_path / "old.db")
+    c.execute("CREATE TABLE owed (id INTEGER PRIMARY KEY AUTOINCREMENT, what TEXT NOT NULL, head_sha TEXT NOT NULL,"
+              " cell TEXT NOT NULL, label TEXT, reason TEXT NOT NULL, legs_needed INTEGER, opened_by TEXT NOT NULL,"
+              " opened_at TEXT NOT NULL, last_seen_by TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'open',"
+              " closed_by TEXT, closed_at TEXT, close_reason TEXT)")
+    c.execute("CREATE UNIQUE INDEX owed_one_open ON owed (head_sha, cell, what) WHERE state = 'open'")
+    cuda_run = rr.seed_record(run_id="r-cuda", box=H200, created_at=db.utc_now())
+    db.insert_queued(c, cuda_run, "k")
+    cell = "batch=1 gen_len=32 preset=27b prompt_len=128"
+    for what, opener in (("magnitude", "r-cuda"), ("direction", "r-gone")):
+        c.execute("INSERT INTO owed (what, head_sha, cell, label, reason, opened_by, opened_at, last_seen_by)"
+                  " VALUES (?, ?, ?, ?, 'old', ?, 'then', ?)", (what, SHA, cell, cell, opener, opener))
+    items = {i["what"]: i for i in owed.list_open(c)}
+    assert (items["magnitude"]["backend"], items["magnitude"]["gpu"]) == ("cuda", "NVIDIA H200")
+    assert (items["direction"]["backend"], items["direction"]["gpu"]) == ("unknown", "unknown")
+    out = owed.sync_from_record(c, rr.record(run_id="r-cpu", box=CPU, grid=rr.grid(rr.binding_verdict())))
+    assert out["settled"] == [], "a migrated CUDA row is not settled by a CPU run, an unknown one by none"
+    owed.sync_from_record(c, rr.seed_record(run_id="r-cpu2", box=CPU))  # the old one-row-per-cell index is gone
+    assert len(owed.list_open(c)) == 4
     c.close()

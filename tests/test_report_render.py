@@ -81,7 +81,7 @@ def test_seed_magnitude_is_owed_with_its_reason_and_never_established(tmp_path):
 
 def test_seed_with_the_real_verdict_and_the_every_leg_rule(tmp_path):
     verdict = pytest.importorskip("grids.verdict")
-    for rule, direction_where in (("rank", "owed"), ("every-leg", "established")):
+    for rule, direction_where in (("rank", "owed"), ("every-leg", "owed")):  # 2 legs per arm claim nothing
         v = verdict.judge(rr.SEED_LEGS, rule=rule)
         s = parse(render_run(rr.seed_record(grid=rr.grid(v)), tmp_path).read_text())
         assert "dequant legs disagree by 7.9% > 2%" in squash(s.text["owed"])
@@ -159,8 +159,9 @@ def test_raw_data_download_holds_every_leg(tmp_path):
 
 def test_residency_section_gives_the_seed_table(tmp_path):
     s = squash(parse(render_run(rr.seed_record(), tmp_path).read_text()).text["residency"])
-    assert "CUDA head 248320 x 5120 0 2.368 GiB 0.666 GiB 0 -1.70 GiB" in s
-    assert "plain CPU head 248320 x 5120 0 2.368 GiB 0.666 GiB 2.368 GiB +0.67 GiB" in s
+    assert "CUDA computed; not measured on this box head 248320 x 5120 0 2.368 GiB 0.666 GiB 0 -1.70 GiB" in s
+    assert ("plain CPU computed; measured here, agrees head 248320 x 5120 0 2.368 GiB 0.666 GiB 2.368 GiB +0.67 GiB"
+            in s)
     assert "cpu dequant head" in s
 
 
@@ -180,8 +181,11 @@ def test_index_lists_runs_newest_first(tmp_path):
 def test_markdown_sections_and_owed_placement():
     seed_cell = "batch=1 gen_len=32 preset=27b prompt_len=128"
     ledger = [{"id": 4, "what": "magnitude", "cell": "batch=8", "reason": "dequant legs disagree by 3.1% > 2%",
-               "opened_by": "r-0", "legs_needed": None},
-              {"id": 5, "what": "magnitude", "cell": seed_cell, "reason": "same as this run's", "opened_by": "r-seed"}]
+               "opened_by": "r-0", "legs_needed": None, "backend": "cpu", "gpu": "none"},
+              {"id": 5, "what": "magnitude", "cell": seed_cell, "reason": "same as this run's", "opened_by": "r-seed",
+               "backend": "cpu", "gpu": "none"},
+              {"id": 6, "what": "magnitude", "cell": seed_cell, "reason": "owed on the GPU box", "opened_by": "r-g",
+               "backend": "cuda", "gpu": "NVIDIA H200"}]
     md = render_markdown(rr.seed_record(), owed=ledger)
     heads = re.findall(r"^### (.+)$", md, flags=re.M)
     assert heads == ["Measured", "Established", "Owed", "Not run"]
@@ -190,6 +194,7 @@ def test_markdown_sections_and_owed_placement():
     assert "1.1435" not in parts["Established"] and "Nothing is established" in parts["Established"]
     assert "dequant legs disagree by 7.9% > 2%" in parts["Owed"] and "ledger #4" in parts["Owed"]
     assert "ledger #5" not in parts["Owed"], "this run's own owed claim is listed once, not again from the ledger"
+    assert "ledger #6" in parts["Owed"] and "on cuda NVIDIA H200" in parts["Owed"], "owed on another box: listed"
     assert "no CUDA gate was run" in parts["Not run"]
 
 

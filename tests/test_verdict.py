@@ -29,15 +29,47 @@ def test_worked_example_default_rule():
 
 
 def test_worked_example_every_leg_rule():
+    """The seed's rule would call 2 legs per arm established; 2 legs are too few for any claim."""
     d = judge(SEED_LEGS, rule="every-leg")["direction"]
-    assert (d["state"], d["winner"]) == ("established", "packed")
+    assert (d["state"], d["winner"]) == ("indicated", "packed")
+    assert d["reasons"] == ["packed has 2 legs; any established claim needs at least 3 per arm",
+                            "dequant has 2 legs; any established claim needs at least 3 per arm"]
+    assert d["legs_needed"] == 3
     assert judge(SEED_LEGS, rule="every-leg")["magnitude"]["state"] == "owed"
+
+
+def test_case2_magnitude_is_not_binding_while_its_direction_is_only_indicated():
+    """Issue 25 case 2: tight legs, 2 per arm: the interval is narrow, the direction only indicated."""
+    v = judge({"packed": [11.00, 11.02], "dequant": [10.0, 10.01]})
+    assert v["direction"]["state"] == "indicated" and v["direction"]["p"] == pytest.approx(1 / 6)
+    m = v["magnitude"]
+    assert m["state"] == "owed"
+    assert "direction not established (indicated)" in m["reasons"]
+    assert "packed has 2 legs; binding needs at least 3" in m["reasons"]
+    assert m["legs_needed"] == 3
+
+
+def test_case2_a_narrow_ratio_of_overlapping_arms_is_owed_for_its_direction():
+    m = judge({"a": [10.0, 10.1, 10.05, 10.02], "b": [10.03, 10.04, 10.01, 10.06]})["magnitude"]
+    assert m["state"] == "owed" and m["reasons"][-1] == "direction not established (none)"
+    assert m["legs_needed"] is None  # overlapping legs: no pattern to project
+
+
+@pytest.mark.parametrize("rule, alpha", [("every-leg", 0.05), ("rank", 0.6)])
+def test_case3_one_leg_per_arm_establishes_nothing_whatever_the_rule(rule, alpha):
+    """Issue 25 case 3: under every-leg (or a loose alpha) 1 leg per arm (p = 0.5) was established."""
+    d = judge({"a": [10.0], "b": [9.0]}, rule=rule, alpha=alpha)["direction"]
+    assert d["state"] == "indicated" and d["p"] == pytest.approx(0.5)
+    assert "a has 1 leg; any established claim needs at least 3 per arm" in d["reasons"]
+    assert d["legs_needed"] == 3
+    assert judge({"a": [10.0, 10.01, 10.02], "b": [9.0, 9.01, 9.02]}, rule=rule,
+                 alpha=alpha)["direction"]["state"] == "established"
 
 
 def test_established_needs_three_separated_legs_per_arm():
     v = judge({"a": [10.0, 10.1, 10.05], "b": [9.0, 9.1, 9.05]})
     assert v["direction"] == {"state": "established", "winner": "a", "p": pytest.approx(0.05),
-                              "legs_needed": None}
+                              "legs_needed": None, "reasons": []}
     assert v["magnitude"]["state"] == "binding"
     assert v["magnitude"]["reasons"] == []
     lo, hi = v["magnitude"]["ci"]
@@ -56,7 +88,9 @@ def test_established_by_rank_without_full_separation():
 def test_direction_projection_tops_up_the_shorter_arm():
     d = judge({"a": [10.0], "b": [9.0, 9.1, 9.2, 9.3, 9.4]})["direction"]
     assert (d["state"], d["p"]) == ("indicated", pytest.approx(1 / 6))
-    assert d["legs_needed"] == 2  # a with 2 legs above all 5 of b: p = 1 / C(7, 2) = 1/21
+    # a with 2 legs above all 5 of b would give p = 1 / C(7, 2) = 1/21, but 2 legs claim nothing
+    assert d["legs_needed"] == 3
+    assert judge({"a": [10.0, 10.1], "b": [9.0, 9.1, 9.2, 9.3, 9.4]}, alpha=0.2)["direction"]["state"] == "indicated"
 
 
 def test_overlapping_legs_give_no_direction():
@@ -77,7 +111,9 @@ def test_identical_arms_have_no_winner():
     v = judge({"a": [10.0, 10.0], "b": [10.0, 10.0]})
     assert v["direction"]["winner"] is None and v["direction"]["state"] == "none"
     assert v["magnitude"]["ratio"] == 1.0
-    assert v["magnitude"]["state"] == "binding"  # no difference, measured to within 2%
+    # no difference to within 2%, but no direction either: a ratio without a direction binds nothing
+    assert v["magnitude"]["state"] == "owed"
+    assert "direction not established (none)" in v["magnitude"]["reasons"]
 
 
 def test_single_leg_is_never_binding():
@@ -86,8 +122,8 @@ def test_single_leg_is_never_binding():
     assert v["direction"]["p"] == pytest.approx(0.5)
     m = v["magnitude"]
     assert m["state"] == "owed"
-    assert "a has 1 leg; binding needs at least 2" in m["reasons"]
-    assert m["legs_needed"] == 2
+    assert "a has 1 leg; binding needs at least 3" in m["reasons"]
+    assert m["legs_needed"] == 3
 
 
 def test_wide_interval_is_owed_with_a_projection():

@@ -41,10 +41,26 @@ def test_worked_example_json_under_both_rules(cli):
     assert rank["magnitude"]["state"] == "owed"
     assert rank["arms"]["dequant"]["legs"] == [9.418, 10.163]
     every = json.loads(cli("verdict", *SEED, "--rule", "every-leg", "--json").stdout)
-    assert every["direction"]["state"] == "established"
+    assert every["direction"]["state"] == "indicated"  # 2 legs per arm: too few for any claim
     loose = json.loads(cli("verdict", *SEED, "--tolerance", "0.1", "--alpha", "0.2", "--json").stdout)
-    assert loose["direction"]["state"] == "established"
+    assert loose["direction"]["state"] == "indicated"
     assert not any("disagree" in r for r in loose["magnitude"]["reasons"])
+
+
+def test_case2_cli_prints_no_binding_magnitude_for_an_indicated_direction(cli):
+    """Issue 25 case 2, as typed: direction indicated (p = 0.167) and magnitude binding [1.0989, 1.1020]."""
+    r = cli("verdict", "--legs", "packed=11.00,11.02", "--legs", "dequant=10.0,10.01")
+    assert r.exit_code == 0, r.output
+    assert "direction: indicated" in r.output
+    assert "magnitude: owed" in r.output and "magnitude: binding" not in r.output
+    assert "owed: direction not established (indicated)" in r.output
+
+
+def test_case3_cli_every_leg_with_one_leg_per_arm_is_not_established(cli):
+    r = cli("verdict", "--legs", "a=11", "--legs", "b=10", "--rule", "every-leg", "--json")
+    d = json.loads(r.stdout)["direction"]
+    assert (d["state"], d["p"]) == ("indicated", 0.5)
+    assert "a has 1 leg; any established claim needs at least 3 per arm" in d["reasons"]
 
 
 @pytest.mark.parametrize("legs, needle", [
@@ -72,13 +88,22 @@ def test_grid_command_with_a_fake_bench(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps({"packed": [10.0, 10.01], "dequant": [9.0, 9.02]}))
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "grid.json"
-    r = cli("grid", str(GRIDS / "smoke.yaml"), "--bench-cmd", f"{sys.executable} {FAKE}",
+    spec = tmp_path / "smoke3.yaml"  # smoke's 2 legs are refused for --until-binding (below)
+    spec.write_text((GRIDS / "smoke.yaml").read_text().replace("legs: 2\nmax_legs: 3", "legs: 3\nmax_legs: 4"))
+    r = cli("grid", str(spec), "--bench-cmd", f"{sys.executable} {FAKE}",
             "--out", str(out), "--until-binding", "--json")
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
     assert result == json.loads(out.read_text())
     assert result["cells"][0]["verdict"]["magnitude"]["state"] == "binding"
     assert "leg 2" in r.stderr  # live progress on stderr
+
+
+def test_case3_until_binding_refuses_a_spec_with_fewer_legs_than_a_claim_needs(cli, tmp_path):
+    """Issue 25 case 3: smoke runs 2 legs per arm, which can never establish anything."""
+    r = cli("grid", str(GRIDS / "smoke.yaml"), "--bench-cmd", f"{sys.executable} {FAKE}", "--until-binding")
+    assert r.exit_code == 2
+    assert "legs: 2 legs per arm cannot establish a claim (at least 3 needed); --until-binding refuses it" in r.stderr
 
 
 def test_grid_command_bad_spec_exits_2(cli, tmp_path):

@@ -3,8 +3,13 @@ the margin rule, and a field walk over everything an engine owns.
 
 The suites judge the engine, so nothing here trusts the engine's own bookkeeping: the walk over
 `Nvfp4Weight`s is this module's (not `engine.residency`'s), and the oracle is transformers'
-`Qwen3_5ForCausalLM` in FP32, loaded with the checkpoint's weights dequantized by the format module.
-The suites reach the engine only through `Engine`, `load_checkpoint` and `cached_checkpoint`.
+`Qwen3_5ForCausalLM` in FP32, loaded with the checkpoint's NVFP4 weights decoded HERE, from the
+checkpoint's own bytes (not the loader's `Nvfp4Weight`s, not `engine.nvfp4`): an oracle that
+dequantized with the decoder it judges would agree with a broken decoder. The nibbles are unpacked by
+compressed-tensors' `unpack_fp4_from_uint8` (a peer implementation) where it is installed, else by
+`spec_unpack`, written from the format's spec (../shared/NVFP4.md) apart from the engine's code; the
+two agree bit for bit (tests/test_gates_support.py). The suites reach the engine only through
+`Engine`, `load_checkpoint` and `cached_checkpoint`.
 """
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ import functools
 import gc
 import types
 from dataclasses import dataclass, field
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
+from safetensors import safe_open
 
 from engine.ckpt_cache import cached_checkpoint
 from engine.engine import Engine
@@ -50,16 +57,87 @@ def continuations(naming: str, prefix: str, arm: str) -> tuple[list[list[int]], 
     return out, topk
 
 
+# --- the oracle's own NVFP4 decode -------------------------------------------------------------
+
+# E2M1 magnitudes by the low 3 bits of a nibble; bit 3 is the sign (../shared/NVFP4.md).
+SPEC_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+SPEC_BLOCK = 16  # values per E4M3 block scale, along K
+
+
+def spec_unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """U8 [n, k/2] -> FP32 [n, k] E2M1 values, element 0 in the LOW nibble, from the spec alone."""
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(n, k)
+    magnitude = torch.tensor(SPEC_E2M1, dtype=torch.float32, device=packed.device)[(codes & 0x07).long()]
+    return torch.where((codes & 0x08).bool(), -magnitude, magnitude)
+
+
+def peer_unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The same through compressed-tensors' own unpacker (ImportError where it is not installed)."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+
+    return unpack_fp4_from_uint8(packed, n, k, dtype=torch.float32)
+
+
+def oracle_unpacker() -> tuple[str, Callable[[torch.Tensor, int, int], torch.Tensor]]:
+    """(name, unpack): compressed-tensors' where it is installed (the test extras; not the GPU box),
+    else the spec's."""
+    try:
+        import compressed_tensors.compressors.nvfp4.helpers  # noqa: F401
+    except ImportError:
+        return "spec", spec_unpack
+    return "compressed-tensors", peer_unpack
+
+
+class RawTensors:
+    """The checkpoint's tensors by full name, read with safetensors alone (no engine loader)."""
+
+    def __init__(self, model_dir):
+        self.files = {}
+        for path in sorted(Path(model_dir).glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                self.files.update(dict.fromkeys(f.keys(), path))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> torch.Tensor:
+        with safe_open(str(self.files[name]), "pt") as f:
+            return f.get_tensor(name)
+
+
+def oracle_nvfp4(raw: RawTensors, module: str, unpack=None, device: str = "cpu") -> torch.Tensor:
+    """FP32 [N, K] of the NVFP4 linear `module` (its full name), decoded as the spec writes it:
+    ModelOpt `e2m1 * weight_scale * weight_scale_2`, compressed-tensors
+    `e2m1 * weight_scale / weight_global_scale` (its global scale is the reciprocal)."""
+    unpack = unpack or oracle_unpacker()[1]
+    if f"{module}.weight_packed" in raw:
+        packed, divide, scale2 = raw.get(f"{module}.weight_packed"), True, raw.get(f"{module}.weight_global_scale")
+    elif f"{module}.weight_scale_2" in raw:
+        packed, divide, scale2 = raw.get(f"{module}.weight"), False, raw.get(f"{module}.weight_scale_2")
+    else:
+        raise KeyError(f"{module}: no NVFP4 tensors under either naming in the checkpoint")
+    packed, scale2 = packed.to(device), scale2.to(device)  # decoded where the oracle runs
+    n, k = packed.shape[0], packed.shape[1] * 2
+    scale = raw.get(f"{module}.weight_scale").to(device).float()
+    blocks = unpack(packed, n, k).reshape(n, k // SPEC_BLOCK, SPEC_BLOCK) * scale.unsqueeze(-1)
+    g = scale2.float().reshape(())
+    return (blocks / g if divide else blocks * g).reshape(n, k)
+
+
 # --- the oracle ---------------------------------------------------------------------------------
 
-def oracle_state_dict(ckpt, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """HF names -> FP32 weights on `device`: tower NVFP4 dequantized in FP32, an NVFP4 head through
-    BF16 (the one operand both engine arms multiply by on a backend without an fp4 GEMM), BF16
-    tensors widened."""
+def oracle_state_dict(ckpt, model_dir, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """HF names -> FP32 weights on `device`: tower NVFP4 decoded here (`oracle_nvfp4`) in FP32, an
+    NVFP4 head through BF16 (the one operand both engine arms multiply by on a backend without an fp4
+    GEMM), BF16 tensors widened."""
+    raw = RawTensors(model_dir)
+    unpack = oracle_unpacker()[1]
     state = {f"model.{k}": v.to(device).float() for k, v in ckpt.tensors.items()}
     for name, w in ckpt.linears.items():
-        if isinstance(w, Nvfp4Weight):
-            w = w.to(device).dequantize(torch.bfloat16 if name == "lm_head" else torch.float32)
+        if isinstance(w, Nvfp4Weight):  # the loader's object says only which modules are NVFP4
+            module = "lm_head" if name == "lm_head" else f"{ckpt.prefix}{name}"
+            w = oracle_nvfp4(raw, module, unpack, device)
+            w = w.to(torch.bfloat16) if name == "lm_head" else w
         state["lm_head.weight" if name == "lm_head" else f"model.{name}.weight"] = w.to(device).float()
     if ckpt.head_kind == "tied":
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
@@ -84,7 +162,7 @@ def build_oracle_at(path, device: str = "cpu"):
     cfg = Qwen3_5TextConfig(**{k: v for k, v in ckpt.config.items() if k not in skip})
     with torch.device(device):  # built where it runs: a 27b-shaped oracle is ~16 GB of FP32
         model = Qwen3_5ForCausalLM(cfg).float().eval()
-    missing, unexpected = model.load_state_dict(oracle_state_dict(ckpt, device), strict=False)
+    missing, unexpected = model.load_state_dict(oracle_state_dict(ckpt, path, device), strict=False)
     if unexpected or missing:
         raise RuntimeError(f"oracle for {path}: missing {missing}, unexpected {unexpected}")
     return model

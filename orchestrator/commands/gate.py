@@ -1,5 +1,9 @@
 """`orchestrator gate --head REV`: gate a head on a box; exit 0 green, 1 red, 2 infrastructure/usage.
 
+A partial pass (a suite of the manifest not run on this box) exits 0 but is never shown as a full
+one: its state reads `PASSED (partial: ... not run on this box)` here and in `--json` (whose
+`full_pass` is false); `--require-full` makes it exit 1 (`orchestrator.headline`).
+
 Progress goes to stderr (live on a terminal); `--json` ends stdout with one JSON line for machines.
 """
 from __future__ import annotations
@@ -15,6 +19,7 @@ from rich.console import Console
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
 from orchestrator.gate import exit_code, run_gate
+from orchestrator.headline import is_partial, shown_state, suites_not_run
 from orchestrator.idle import gpus
 from orchestrator.provenance import ProvenanceError
 
@@ -25,12 +30,14 @@ def summary(record: dict) -> dict:
     """The `--json` line: what a machine needs to act on a gate."""
     grid = record.get("grid") or {}
     return {
-        "run_id": record["run_id"], "state": record["state"], "exit_code": exit_code(record["state"]),
+        "run_id": record["run_id"], "state": shown_state(record), "full_pass": record["state"] == "PASSED"
+        and not is_partial(record), "not_run_suites": [s.get("name") for s in suites_not_run(record)],
+        "exit_code": exit_code(record["state"]),
         "head_sha": record["head"]["sha"], "md5_head": record["provenance"]["md5_head"],
         "md5_box": record["provenance"]["md5_box"], "box": record["box"]["name"],
         "backend": record["box"].get("backend"),
         "lock_wait_s": (record.get("lock") or {}).get("wait_s"),
-        "sacred": record.get("sacred"),
+        "sacred": record.get("sacred"), "gate_set": record.get("gate_set"),
         "markers": (record.get("build") or {}).get("markers", []),
         "suites": [{k: s.get(k) for k in ("name", "sacred", "state", "tests_passed", "tests_total",
                                           "checks_passed", "checks_total", "census_tests", "census_checks",
@@ -91,11 +98,15 @@ def _final_lines(record: dict, console: Console) -> None:
     sacred = record.get("sacred") or {}
     if sacred.get("modified"):
         console.print(f"  {sacred['message']}", highlight=False)
+    gate_set = record.get("gate_set") or {}
+    if gate_set.get("changes"):
+        console.print(f"  {gate_set['message']}", highlight=False)
     for n in record.get("not_run") or []:
         console.print(f"  not run: {n['what']}: {n['why']}", highlight=False)
     if record.get("error"):
         console.print(f"  error: {record['error']}", highlight=False)
-    console.print(f"{record['state']}: run {record['run_id']}  report: {record.get('report_path')}", highlight=False)
+    console.print(f"{shown_state(record)}: run {record['run_id']}  report: {record.get('report_path')}",
+                  highlight=False)
 
 
 def gate(
@@ -108,7 +119,12 @@ def gate(
     force: bool = typer.Option(False, "--force", help="re-run even if an identical gate is recorded"),
     accept_sacred: bool = typer.Option(False, "--accept-sacred-change",
                                        help="let a head that modifies a sacred suite pass (recorded)"),
+    accept_gate_change: bool = typer.Option(False, "--accept-gate-change",
+                                            help="let a head that drops a suite, lowers a census or changes "
+                                                 "what a suite needs pass (recorded)"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
+    require_full: bool = typer.Option(False, "--require-full",
+                                      help="exit 1 on a partial pass (a suite of the manifest not run on this box)"),
 ) -> None:
     """Gate a head: provenance, build, box lock, suites (and a grid), record and report."""
     err = Console(stderr=True, soft_wrap=True)
@@ -116,7 +132,8 @@ def gate(
     printer = ProgressPrinter(err)
     try:
         cfg = load_config(config, gpus=len(gpus()))
-        record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred)
+        record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
+                          accept_gate_change)
     except (ConfigError, ProvenanceError, ManifestError) as e:
         printer.stop()
         err.print(f"error: {e}", highlight=False, markup=False)
@@ -128,7 +145,7 @@ def gate(
     if as_json:
         print(json.dumps(summary(record)))
     sys.stdout.flush()
-    raise typer.Exit(exit_code(record["state"]))
+    raise typer.Exit(1 if require_full and is_partial(record) else exit_code(record["state"]))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,9 +2,9 @@
 
 The revision is `git archive`d into a fresh temp tree (the user's working tree is never touched);
 each pin of that tree is applied in its own copy and its suite run there (`gates.mutate`). Each pin
-reads KILLED (red as pinned), SURVIVED or STALE (no longer applies). Exit 1 when any survived, 2 on
-usage or provenance errors, 0 otherwise (a STALE pin is reported, not a pass of the gate it pinned:
-it says the pin needs rewriting).
+reads KILLED (red as pinned), SURVIVED or STALE (no longer applies). Exit 0 only when every pin was
+KILLED; 1 when any SURVIVED or is STALE (a stale pin proves nothing about the gate it pinned: the
+mutation it guards is unguarded until the pin is rewritten); 2 on usage or provenance errors.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from gates.manifest import ManifestError
-from gates.mutate import SURVIVED, run_pins
+from gates.mutate import STALE, SURVIVED, run_pins
 from gates.pins import PinError
 from orchestrator.provenance import ProvenanceError, archive, unpack
 
@@ -38,7 +38,7 @@ def mutate(head: str, repo: str | Path = ".", pins: list[str] | None = None,
 
 
 def exit_code(results: list[dict]) -> int:
-    return 1 if any(r["state"] == SURVIVED for r in results) else 0
+    return 1 if any(r["state"] in (SURVIVED, STALE) for r in results) else 0
 
 
 def _line(r: dict) -> str:

@@ -31,7 +31,8 @@ def head_sha(rev: str, repo: Path) -> str:
 
 def _line(item: dict) -> str:
     needed = f", ~{item['legs_needed']} legs/arm" if item["legs_needed"] else ""
-    return (f"#{item['id']:<4} {item['head_sha'][:12]}  {item['what']:<9} {item['label'] or item['cell']}\n"
+    where = item["backend"] + ("" if item["gpu"] == "none" else f" ({'any GPU' if item['gpu'] == 'any' else item['gpu']})")
+    return (f"#{item['id']:<4} {item['head_sha'][:12]}  {item['what']:<9} {item['label'] or item['cell']}  on {where}\n"
             f"      {item['reason']}{needed}  (opened by {item['opened_by']})")
 
 

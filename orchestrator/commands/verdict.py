@@ -53,6 +53,8 @@ def render(verdict: dict, console: Console, title: str | None = None) -> None:
     winner = f"{d['winner']} faster" if d["winner"] else "no winner"
     needed = f"; {d['legs_needed']} legs per arm if the pattern holds" if d["legs_needed"] else ""
     console.print(f"direction: [bold]{d['state']}[/bold] ({winner}, p = {d['p']:.4g}{needed})")
+    for reason in d.get("reasons") or []:
+        console.print(f"  not established: {reason}")
     lo, hi = m["ci"]
     console.print(f"magnitude: [bold]{m['state']}[/bold] (ratio {m['ratio']:.4f}, "
                   f"95% interval [{lo:.4f}, {hi:.4f}])")

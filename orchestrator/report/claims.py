@@ -1,13 +1,16 @@
 """Split a run record's grid verdicts into what is established and what is owed.
 
 This is the one place that decides which claims a report may make. A direction is established only
-when its verdict says `established`; a magnitude only when it is `binding`. Everything else (an
+when its verdict says `established` and every arm has at least MIN_CLAIM_LEGS legs; a magnitude only
+when it is `binding` and its direction is established (a record judged before those rules keeps its
+verdict, but the claim is not made from it). Everything else (an
 indicated direction, overlapping legs, an owed magnitude) is owed, with the reason and the legs
 estimated to settle it. The report, the Markdown body and the owed ledger all read these lists, so
 an owed item can never slip under Established in one of them and not the others.
 """
 from __future__ import annotations
 
+from grids.verdict import MIN_CLAIM_LEGS
 from orchestrator.report.errors import ReportError
 
 
@@ -81,18 +84,27 @@ def cell_claims(cell: dict) -> tuple[list[dict], list[dict]]:
     established, owed = [], []
     d_state = direction.get("state")
     rule = (verdict.get("policy") or {}).get("rule", "rank")
+    few = _too_few_legs(base["legs"])
+    if d_state == "established" and few:  # a record judged before the leg minimum: the claim is not made
+        d_state, direction = "indicated", {**direction, "reasons": few, "legs_needed": MIN_CLAIM_LEGS}
     if d_state == "established":
         established.append({**base, "what": "direction", "state": d_state,
                             "text": f"{winner} ahead of {loser} (rule {rule}; rank-test p = {_pct(base['p'])})"})
     elif d_state == "indicated":
         owed.append({**base, "what": "direction", "state": d_state, "legs_needed": direction.get("legs_needed"),
-                     "reasons": [f"{winner} ahead in every leg but p = {_pct(base['p'])} is not significant"],
+                     "reasons": list(direction.get("reasons") or
+                                     [f"{winner} ahead in every leg but p = {_pct(base['p'])} is not significant"]),
                      "text": f"{winner} ahead of {loser}, NOT established"})
     else:
         owed.append({**base, "what": "direction", "state": d_state or "missing", "legs_needed": None,
-                     "reasons": ["the legs overlap: no winner" if d_state == "none" else "no direction recorded"],
+                     "reasons": list(direction.get("reasons") or ["the legs overlap: no winner" if d_state == "none"
+                                                                  else "no direction recorded"]),
                      "text": f"no direction between {winner} and {loser}"})
     m_state = magnitude.get("state")
+    if m_state == "binding" and d_state != "established":  # by how much presupposes which way
+        m_state = "owed"
+        magnitude = {**magnitude, "reasons": few + [f"direction not established ({d_state or 'missing'})"],
+                     "legs_needed": direction.get("legs_needed")}
     if m_state == "binding":
         established.append({**base, "what": "magnitude", "state": m_state,
                             "text": f"{winner} / {loser} = {_ratio_text(magnitude)}"})
@@ -102,6 +114,11 @@ def cell_claims(cell: dict) -> tuple[list[dict], list[dict]]:
                      "legs_needed": magnitude.get("legs_needed"),
                      "text": f"{winner} / {loser} = {_ratio_text(magnitude)}, NOT binding"})
     return established, owed
+
+
+def _too_few_legs(legs: dict[str, list]) -> list[str]:
+    return [f"{name} has {len(xs)} leg{'s' if len(xs) != 1 else ''}; any established claim needs at least "
+            f"{MIN_CLAIM_LEGS} per arm" for name, xs in legs.items() if len(xs) < MIN_CLAIM_LEGS]
 
 
 def _unmeasured(cell: dict, key: str, label: str) -> dict:
@@ -123,13 +140,60 @@ def _ratio_text(magnitude: dict) -> str:
 
 
 def claims(record: dict) -> tuple[list[dict], list[dict]]:
-    """(established, owed) over every grid cell of the record."""
+    """(established, owed) over every grid cell of the record, then the gates it owes
+    (`gate_claims`); each claim carries where it was measured (`backend`, `gpu`), part of its
+    identity in the ledger."""
     established, owed = [], []
     for cell in grid_cells(record):
+        backend, gpu = where_measured(record, cell)
         e, o = cell_claims(cell)
-        established += e
-        owed += o
-    return established, owed
+        established += [{**c, "backend": backend, "gpu": gpu} for c in e]
+        owed += [{**c, "backend": backend, "gpu": gpu} for c in o]
+    return established, owed + gate_claims(record)[1]  # a suite that ran is a gate result, not a claim
+
+
+ANY_GPU = "any"  # a claim any GPU model of its backend can settle (a gate the box could not run)
+NO_GPU = "none"
+UNKNOWN = "unknown"
+# A suite's `needs` entry -> the backend a box must have to run it.
+BACKEND_OF_NEED = {"cuda": "cuda"}
+
+
+def where_measured(record: dict, cell: dict | None) -> tuple[str, str]:
+    """(backend, GPU model) a cell's legs were measured on: the arms' backend when the grid recorded
+    it (a CPU grid can run on a GPU box), else the box's; the GPU model only for a CUDA measurement."""
+    box = record.get("box") or {}
+    arm_backends = {((a or {}).get("options") or {}).get("backend") for a in ((cell or {}).get("arms") or {}).values()}
+    backend = arm_backends.pop() if len(arm_backends) == 1 and None not in arm_backends else None
+    backend = backend or box.get("backend") or UNKNOWN
+    gpu = (box.get("gpu") or UNKNOWN) if backend == "cuda" else NO_GPU
+    return backend, gpu
+
+
+def gate_claims(record: dict) -> tuple[list[dict], list[dict]]:
+    """(ran, owed) for the suites that need a backend: one this box lacked is owed ("CUDA gates not
+    run on <sha>", the seed's "CUDA re-run owed") until a run of the same head on a box of that
+    backend runs it; one this box ran settles it, whatever its state (a red one fails that run)."""
+    box = record.get("box") or {}
+    sha = ((record.get("head") or {}).get("sha") or "?")[:12]
+    ran, owed = [], []
+    for s in record.get("suites") or []:
+        for need in s.get("needs") or []:
+            backend = BACKEND_OF_NEED.get(need)
+            if backend is None:
+                continue
+            base = {"what": "gate", "cell": f"suite {s.get('name')}", "label": s.get("name"), "legs": {},
+                    "ratio": None, "ci": None, "p": None, "legs_needed": None}
+            if s.get("state") == "NOT_RUN" and box.get("backend") != backend:
+                owed.append({**base, "backend": backend, "gpu": ANY_GPU, "state": "not run",
+                             "reasons": [f"{backend.upper()} gates not run on {sha}: {s.get('name')} needs "
+                                         f"{need}; box {box.get('name') or '?'} has backend "
+                                         f"{box.get('backend') or '?'}"],
+                             "text": f"{backend.upper()} re-run owed"})
+            elif s.get("state") in ("GREEN", "RED", "TIMEOUT") and box.get("backend") == backend:
+                ran.append({**base, "backend": backend, "gpu": box.get("gpu") or UNKNOWN, "state": "ran",
+                            "text": f"suite {s.get('name')} ran: {s.get('state')}"})
+    return ran, owed
 
 
 def not_run(record: dict) -> list[dict]:
@@ -139,6 +203,10 @@ def not_run(record: dict) -> list[dict]:
         names = {s.get("name"), f"suite {s.get('name')}"}
         if s.get("state") == "NOT_RUN" and not any(i.get("what") in names for i in items):
             items.append({"what": f"suite {s.get('name')}", "why": s.get("why") or "not run"})
+    mentions_pins = any("mutation" in str(i.get("what")) for i in items)
+    if not record.get("mutations") and not mentions_pins and record.get("suites"):
+        items.append({"what": "mutation pins", "why": "no pin was applied in this gate (mutations: off); "
+                                                      "`orchestrator mutate --head REV --all` runs them"})
     grid = record.get("grid") or {}
     if grid and grid.get("complete") is False:
         items.append({"what": f"grid {grid.get('spec', '?')}",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from orchestrator import headline
 from orchestrator.report import view
 from orchestrator.report.errors import ReportError
 
@@ -102,7 +103,8 @@ def _index_row(record: dict, reports_dir: Path) -> dict:
     path, sibling = record.get("report_path"), report_name(record["run_id"])
     link = sibling if (reports_dir / sibling).is_file() else os.path.relpath(path, reports_dir) if path else None
     head = record.get("head") or {}
-    return {"run_id": record["run_id"], "state": record.get("state", "?"), "link": link,
+    return {"run_id": record["run_id"], "state": headline.shown_state(record) if record.get("state") else "?",
+            "cls": headline.state_class(record), "link": link,
             "sha": (head.get("sha") or "")[:12], "rev": head.get("rev"),
             "box": (record.get("box") or {}).get("name"),
             "date": view.when(record.get("created_at")) or "", "error": record.get("error")}

@@ -109,8 +109,21 @@ def check(m: dict) -> list[dict]:
 
 
 def section(record: dict) -> dict | None:
-    """The residency section of a report, or None when the record carries no residency."""
+    """The residency section of a report, or None when the record carries no residency. Every model
+    row is computed; each says whether this box measured its backend too, and whether that agreed."""
     ms = measurements(record)
     if not ms:
         return None
-    return {"rows": model_rows(ms[0]["weights"]), "measured": [r for m in ms for r in check(m)]}
+    measured = [r for m in ms for r in check(m)]
+    rows = [{**r, "basis": basis(r["backend"], measured)} for r in model_rows(ms[0]["weights"])]
+    return {"rows": rows, "measured": measured}
+
+
+def basis(backend: str, measured: list[dict]) -> str:
+    """How a computed row stands against this box's readings of its backend."""
+    mine = [m for m in measured if m["backend"] == backend and m["agrees"] is not None]
+    if not mine:
+        return "computed; not measured on this box"
+    if all(m["agrees"] for m in mine):
+        return "computed; measured here, agrees"
+    return "computed; measured here, DISAGREES"

@@ -10,6 +10,7 @@ import base64
 import datetime as dt
 import json
 
+from orchestrator import headline
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
 from orchestrator.report.errors import ReportError
@@ -24,7 +25,7 @@ _KEYS = {
               "census_tests", "census_checks", "duration_s", "failures", "sacred_modified", "why", "reasons"),
     "mutation": ("pin", "suite", "state", "failures", "expected_min", "detail"),
     "head": ("rev", "sha", "repo"),
-    "ledger": ("id", "what", "cell", "label", "reason", "legs_needed", "opened_by"),
+    "ledger": ("id", "what", "cell", "backend", "gpu", "label", "reason", "legs_needed", "opened_by"),
 }
 
 
@@ -139,10 +140,20 @@ def tally(suites: list[dict], mutations: list[dict], established: list, owed: li
           sacred: dict | None) -> str:
     """One line under the verdict: what ran and what it amounts to."""
     green = sum(s["state"] == "GREEN" for s in suites)
+    ran = sum(s["state"] != "NOT_RUN" for s in suites)
     killed = sum(m["state"] == "KILLED" for m in mutations)
-    line = (f"{green}/{len(suites)} suites green, {killed}/{len(mutations)} mutation pins killed; "
+    pins = f"{killed}/{len(mutations)} mutation pins killed" if mutations else "mutation pins not run"
+    line = (f"{green}/{len(suites)} suites green ({len(suites) - ran} not run on this box), {pins}; "
             f"{len(established)} claims established, {len(owed)} owed; {len(not_run)} not run")
     return line + (f"; sacred suites modified: {', '.join(sacred['names'])}" if sacred else "")
+
+
+def _gate_set(record: dict) -> dict | None:
+    """How the head changed the trusted gate set (dropped suites, lowered census), when it did."""
+    gs = record.get("gate_set") or {}
+    if not gs.get("changes"):
+        return None
+    return {"changes": gs["changes"], "accepted": bool(gs.get("accepted")), "message": gs.get("message")}
 
 
 def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True) -> dict:
@@ -155,9 +166,14 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
     mutations = [_part("mutation", m) for m in record.get("mutations") or []]
     skipped = claims_mod.not_run(record)
     ledger = None if owed is None else [_part("ledger", o) for o in owed]
-    mine = {(c["cell"], c["what"]) for c in owed_claims}  # the ledger rows this run's own claims stand for
+    # the ledger rows this run's own claims stand for: same cell, claim and place of measurement
+    mine = {(c["cell"], c["what"], c["backend"], c["gpu"]) for c in owed_claims}
     return {
         "run_id": record["run_id"], "state": record["state"], "error": record.get("error"),
+        "shown_state": headline.shown_state(record), "state_class": headline.state_class(record),
+        "partial": headline.is_partial(record),
+        "ran": [s["name"] for s in suites if s["state"] != "NOT_RUN"],
+        "gate_set": _gate_set(record),
         "head": head, "short": (head.get("sha") or "")[:12] or head.get("rev") or "?",
         "box": _part("box", record.get("box")),
         "date": when(record.get("finished_at") or record.get("created_at")),
@@ -171,7 +187,7 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
         "established": established, "owed": owed_claims,
         "not_run": skipped,
         "ledger": ledger,
-        "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"]) not in mine],
+        "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"], o["backend"], o["gpu"]) not in mine],
         "residency": residency.section(record),
         "raw": raw_legs(record),
     }
