@@ -184,7 +184,10 @@ def _pins(tree, emit, parts) -> list[dict]:
 
     def on_pin(r: dict) -> None:
         emit({"event": "step", "step": f"pin {r.get('pin')}", "status": r.get("state"), "detail": r.get("detail", "")})
-    return list(run_pins(tree, progress=on_pin))
+    results = list(run_pins(tree, progress=on_pin))
+    parts["not_run"].extend({"what": f"mutation pin {r['pin']}", "why": r["detail"]}
+                            for r in results if r["state"] == "NOT_RUN")  # a CUDA pin on a box without a GPU
+    return results
 
 
 def _gate_set(tree: Path, spec: JobSpec) -> GateSet:

@@ -5,7 +5,7 @@ layers (full 5120 hidden, the real 248320 x 5120 NVFP4 head) and on the tiny one
   KV blocks handed out scattered so no sequence's blocks are adjacent). On CUDA the two arms are NOT
   the same function: the dequant arm multiplies each weight rounded to BF16 (q * s * g does not fit
   BF16's 8 bits), the fp4 GEMM the exact q * s products with the global scale applied in FP32. Measured
-  on the H200 (docs/BENCHMARKS.md): 228 of 448 top-k logits differ, and greedy runs flip at BF16
+  on the H200 (docs/lab/2026-12-03-gpu-gate.md): 228 of 448 top-k logits differ, and greedy runs flip at BF16
   near-ties. So each pair of runs must be identical up to its first divergence, their logits on that
   shared prefix within ARM_TOL, and a divergence only where both sides' top1 - top2 margins are within
   ARM_TOL (a near-tie; tallied as `arm_diverged_at_near_tie`), never at a decided position.
@@ -46,7 +46,7 @@ pytestmark = needs_cuda
 
 CKPTS = {"27b-4L": {"preset": "27b", "layers": 4}, "tiny": {"preset": "tiny"}}
 # Oracle tolerance per checkpoint (BF16 activations against FP32). Measured on the H200, 2026-12-03
-# (docs/BENCHMARKS.md): max |top-k logit - oracle| 0.164 on 27b-4L (logits of std 4 over 248320
+# (docs/lab/2026-12-03-gpu-gate.md): max |top-k logit - oracle| 0.164 on 27b-4L (logits of std 4 over 248320
 # ids), 0.617 on tiny (one position of 192; the rest far below): the tiny tower's 128-wide BF16
 # rounding weighs more per logit. ~1.5x room on each.
 LOGIT_TOL = {"27b-4L": 0.25, "tiny": 1.0}

@@ -2,9 +2,11 @@
 
 The revision is `git archive`d into a fresh temp tree (the user's working tree is never touched);
 each pin of that tree is applied in its own copy and its suite run there (`gates.mutate`). Each pin
-reads KILLED (red as pinned), SURVIVED or STALE (no longer applies). Exit 0 only when every pin was
-KILLED; 1 when any SURVIVED or is STALE (a stale pin proves nothing about the gate it pinned: the
-mutation it guards is unguarded until the pin is rewritten); 2 on usage or provenance errors.
+reads KILLED (red as pinned), SURVIVED, STALE (no longer applies) or NOT_RUN (its suite needs a CUDA
+GPU and this machine has none). Exit 0 when every pin that could run here was KILLED (NOT_RUN pins are
+counted on the summary line, never as killed: run them on a GPU box); 1 when any SURVIVED or is STALE
+(a stale pin proves nothing about the gate it pinned: the mutation it guards is unguarded until the
+pin is rewritten); 2 on usage or provenance errors.
 """
 from __future__ import annotations
 
@@ -68,6 +70,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(out, sort_keys=True))
         else:
-            counts = {s: sum(r["state"] == s for r in results) for s in ("KILLED", "SURVIVED", "STALE")}
+            counts = {s: sum(r["state"] == s for r in results) for s in ("KILLED", "SURVIVED", "STALE", "NOT_RUN")}
             typer.echo(f"{out['head']['sha'][:12]}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         raise typer.Exit(exit_code(results))
