@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from engine.backends import Fp4Gemm
 from engine.nvfp4 import BLOCK, E2M1_VALUES, Nvfp4Weight, fake_quantize_activations, unpack_nibbles
-from engine.scopes import linear_part, scope
 
 HEAD_ARMS = ("packed", "dequant")
 
@@ -26,12 +25,10 @@ class DenseLinear:
 
     def __init__(self, name: str, weight: torch.Tensor, role: str = "tower"):
         self.name, self.weight, self.role = name, weight, role  # weight: [N, K]
-        self.part = linear_part(name, role)  # where `engine attribute` books this GEMM
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # On the CPU (FP32 activations) the BF16 weight widens per call; on CUDA this is a no-op.
-        with scope(self.part):
-            return F.linear(x, self.weight.to(x.dtype))
+        return F.linear(x, self.weight.to(x.dtype))
 
     def to(self, device) -> "DenseLinear":
         self.weight = self.weight.to(device)
@@ -44,13 +41,8 @@ class Nvfp4Linear:
     def __init__(self, weight: Nvfp4Weight, gemm: Fp4Gemm | None, role: str = "tower", w4a4: bool = False):
         self.name, self.weight, self.gemm, self.role = weight.name, weight, gemm, role
         self.w4a4 = w4a4
-        self.part = linear_part(weight.name, role)  # where `engine attribute` books this GEMM
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        with scope(self.part):
-            return self._gemm(x)
-
-    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         x2 = x.reshape(-1, w.in_features)  # [M, K]
         if self.w4a4:

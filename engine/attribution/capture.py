@@ -1,10 +1,12 @@
-"""Profile one generate() and turn its trace into per-part time (engine.attribution.timeline).
+"""Record one generate() and turn its trace into per-part time (engine.attribution.timeline).
 
-The profiler is torch's Kineto profiler, started through the same entry points `torch.profiler`
-uses, but observing only user scopes (`record_function` ranges): the part scopes of the model code
-(engine.scopes). Recording every aten op as well would add ~20% to a CPU decode step of the tiny
-checkpoint (measured 9.3 -> 11.1 ms/step), which would swamp the closure this tool checks; the
-scopes alone cost one range per projection, norm and core.
+Two recorders (engine.scopes says what each costs):
+- `kineto`: torch's Kineto profiler, started through the entry points `torch.profiler` uses but
+  observing user scopes only (the part ranges) and, on CUDA, the device activities. Recording every
+  aten op as well would add ~20% to a CPU decode step of the tiny checkpoint (measured 9.3 -> 11.1
+  ms/step) and nothing the parts need.
+- `clock`: the part ranges timed by the host clock, no profiler: the CPU default, the cheapest
+  honest record of host time.
 
 - cpu: the parts are the host time of the innermost part range (ops and their Python); time inside
   the model's forward outside every part is `other`; time in the window outside the forward is
@@ -47,14 +49,21 @@ def _config():
     return ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
 
 
-def profiled(fn, device: torch.device) -> tuple[object, Trace]:
-    """Run fn() with the part scopes on, under the profiler observing user scopes only."""
+def profiled(fn, device: torch.device, recorder: str | None = None) -> tuple[object, Trace]:
+    """Run fn() with the part scopes on; `recorder` kineto (CUDA needs it) or clock (the CPU default)."""
+    recorder = recorder or ("clock" if device.type == "cpu" else "kineto")
+    if recorder == "clock":
+        if device.type != "cpu":
+            raise AttributionError("the clock recorder times host ranges only; a CUDA step needs kineto")
+        return _clocked(fn)
+    if recorder != "kineto":
+        raise AttributionError(f"recorder {recorder!r}: expected kineto or clock")
     from torch._C._profiler import ProfilerActivity, RecordScope
     from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
 
     activities = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if device.type == "cuda" else set())
     config = _config()
-    previous = scopes.set_enabled(True)
+    previous = scopes.set_mode("kineto")
     try:
         _prepare_profiler(config, activities)
         _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
@@ -66,8 +75,35 @@ def profiled(fn, device: torch.device) -> tuple[object, Trace]:
         finally:
             result = _disable_profiler()
     finally:
-        scopes.set_enabled(previous)
+        scopes.set_mode(previous)
     return out, _trace(result.events())
+
+
+def _clocked(fn) -> tuple[object, Trace]:
+    previous = scopes.set_mode("clock")
+    try:
+        with scopes.marker(scopes.RUN):
+            out = fn()
+        log = scopes.clock_log()
+    finally:
+        scopes.set_mode(previous)
+    return out, Trace(ranges=ranges_of_log(log))
+
+
+def ranges_of_log(log: list[tuple[str | None, int]]) -> list[dict]:
+    """The clock log's enters and exits (nanoseconds) as ranges (microseconds), like a trace's."""
+    ranges, open_ = [], []
+    for name, t in log:
+        if name is not None:
+            open_.append((name, t))
+            continue
+        if not open_:
+            raise AttributionError("clock log: a range closed that never opened")
+        name, start = open_.pop()
+        ranges.append({"id": len(ranges) + 1, "name": name, "start": start / 1e3, "end": t / 1e3, "thread": 0})
+    if open_:
+        raise AttributionError(f"clock log: {len(open_)} range(s) never closed, the first {open_[0][0]!r}")
+    return ranges
 
 
 def _trace(events) -> Trace:

@@ -56,15 +56,17 @@ class GatedAttention:
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
-        q, gate = self.q_proj(x).view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
-        k = self.k_proj(x).view(t, self.num_kv_heads, hd)
-        v = self.v_proj(x).view(t, self.num_kv_heads, hd)
+        with scope("tower.qkvo"):
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = qg.view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
+        k, v = k.view(t, self.num_kv_heads, hd), v.view(t, self.num_kv_heads, hd)
         q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)
         with scope("attention"):
             q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
             out = self._attend(q, k, v, ctx)  # [T, H, D]
             out = out.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
-        return self.o_proj(out)
+        with scope("tower.qkvo"):
+            return self.o_proj(out)
 
     def _attend(self, q, k, v, ctx: Context) -> torch.Tensor:
         if ctx.kind == "contiguous":

@@ -31,9 +31,10 @@ class GatedDeltaNet:
         self.eps, self.state_index = eps, state_index
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        qkv = self.in_proj_qkv(x)  # [T, conv_dim]
-        z = self.in_proj_z(x)  # [T, Hv * Dv]
-        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        with scope("tower.in_proj"):
+            qkv = self.in_proj_qkv(x)  # [T, conv_dim]
+            z = self.in_proj_z(x)  # [T, Hv * Dv]
+            b, a = self.in_proj_b(x), self.in_proj_a(x)
         with scope("delta_rule"):
             beta = b.sigmoid()  # [T, Hv]
             # The decay in log space, FP32 so -exp(A_log) never overflows the activation dtype
@@ -46,7 +47,8 @@ class GatedDeltaNet:
         t = x.shape[0]
         core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                               self.norm_weight, self.eps)
-        return self.out_proj(core.reshape(t, -1))
+        with scope("tower.out_proj"):
+            return self.out_proj(core.reshape(t, -1))
 
     def _split(self, mixed: torch.Tensor):
         t = mixed.shape[0]  # mixed: [T, conv_dim] after the conv

@@ -40,7 +40,8 @@ class Qwen3_5Model:
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+        with scope("lm_head"):
+            logits = self.lm_head(hidden)
         with scope("sample"):  # FP32 logits are the sampler's input
             return logits.float()
 
