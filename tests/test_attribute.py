@@ -51,14 +51,47 @@ def test_scopes_off_record_nothing_and_on_add_only_their_ranges():
     assert not scopes.enabled()
     off = _op_names(eng, prompts)
     assert not [n for n in off if n.startswith((scopes.PREFIX, "regate:", "profiler::"))]
-    previous = scopes.set_enabled(True)
+    previous = scopes.set_mode("kineto")
     try:
         on = _op_names(eng, prompts)
     finally:
-        scopes.set_enabled(previous)
+        scopes.set_mode(previous)
     ranges = {n for n in on if n.startswith((scopes.PREFIX, "regate:"))}
     assert ranges == {scopes.PREFIX + p for p in scopes.PARTS} | {scopes.FORWARD}
     assert [n for n in on if not n.startswith((scopes.PREFIX, "regate:", "profiler::"))] == off
+
+
+def _innermost_open_range() -> str | None:
+    open_ = []
+    for name, _ in scopes.clock_log():
+        if name is None:
+            open_.pop()
+        else:
+            open_.append(name)
+    return open_[-1] if open_ else None
+
+
+def test_every_gemm_runs_inside_the_part_its_weight_bytes_are_booked_to(monkeypatch):
+    from engine.linear import DenseLinear, Nvfp4Linear
+
+    seen: dict[str, set] = {}
+    for cls in (DenseLinear, Nvfp4Linear):
+        def spy(self, x, _original=cls.__call__):
+            seen.setdefault(self.name, set()).add((self.role, _innermost_open_range()))
+            return _original(self, x)
+        monkeypatch.setattr(cls, "__call__", spy)
+    for arm in ("packed", "dequant"):
+        eng = Engine(tiny(), lm_head=arm, max_num_seqs=1, max_model_len=16)
+        previous = scopes.set_mode("clock")
+        try:
+            eng.generate([[1, 2, 3]], 3)
+        finally:
+            scopes.set_mode(previous)
+        assert len(seen) == 3 * 8 + 7 + 1  # 3 Gated DeltaNet layers x 8 projections, 1 attention layer x 7, the head
+        for name, calls in seen.items():
+            (role, inside), = calls
+            assert inside == scopes.PREFIX + scopes.linear_part(name, role), (arm, name, inside)
+        seen.clear()
 
 
 def _per_step_calls(eng, prompts, method) -> float:
@@ -110,6 +143,21 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     for p in r["parts"]:
         assert p.get("bytes_per_step") == weights.get(p["name"]), p
     assert r["steps"] == 4 and r["batch"] == 2 and len(r["walls_ms"]["7"]) == 2 and r["decode"] == "cpu"
+
+
+def test_the_kineto_recorder_sees_the_same_parts_on_the_cpu():
+    """The recorder CUDA uses, run on the CPU: the same ranges, partitioning its window exactly."""
+    from engine.attribution import capture
+
+    eng, prompts = _engine()
+    _, trace = capture.profiled(lambda: eng.generate(prompts, 3), eng.device, recorder="kineto")
+    parts = capture.host_parts(trace)
+    lo, hi = capture.window(trace)
+    assert set(parts) == {*scopes.PARTS, "other", "host"}
+    assert sum(parts.values()) == pytest.approx(hi - lo, rel=1e-9)
+    with pytest.raises(capture.AttributionError, match="recorder 'nvtx': expected kineto or clock"):
+        capture.profiled(lambda: None, eng.device, recorder="nvtx")
+    assert not scopes.enabled()
 
 
 def test_read_bandwidth_is_measured_here():

@@ -9,13 +9,17 @@ profiler (its wall time: the step as the engine really runs it) and once under i
 - parts: from the profiled run of each length with the shortest window (the least disturbed on a
   busy box, chosen the same way as the walls), differenced and divided by the steps; every part is
   read from the trace (engine.attribution.capture), the gap part included.
-- closure = sum of parts / total_ms_per_step: the profile checked against the step timed apart.
+- closure = sum of parts / total_ms_per_step: the profile checked against the step timed apart;
+  closure_iters: each iteration's profiled step over its own timed step (how noisy the box is).
+- Runs alternate length order and timed/profiled order across iterations, each after a collection,
+  so neither mode nor length sits in a favoured position.
 - profiler_overhead = profiled step / total - 1.
 - spread_ms of a part: max - min of that part over the iterations (each iteration differenced on
   its own): the noise band `--compare` judges arm differences against.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -29,6 +33,7 @@ SCHEMA_VERSION = 1
 
 
 def _wall(eng, prompts, n: int) -> float:
+    gc.collect()  # every run, timed or profiled, starts from the same collector state
     if eng.device.type == "cuda":
         torch.cuda.synchronize(eng.device)
     t0 = time.perf_counter()
@@ -40,6 +45,7 @@ def _wall(eng, prompts, n: int) -> float:
 
 def _profile(eng, prompts, n: int, eager_step) -> dict:
     """{window_us, parts_us} of one profiled generate of n tokens."""
+    gc.collect()
     _, trace = capture.profiled(lambda: eng.generate(prompts, n), eng.device)
     lo, hi = capture.window(trace)
     parts = capture.host_parts(trace) if eng.device.type == "cpu" else capture.device_parts(trace, eager_step)
@@ -80,16 +86,22 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
     eager_step = _eager_step(eng, len(prompts)) if eng.device.type == "cuda" else None
     walls: dict[int, list[float]] = {n: [] for n in lengths}
     profs: dict[int, list[dict]] = {n: [] for n in lengths}
-    for _ in range(iters):  # interleaved, so drift of the box lands on both lengths and both modes
-        for n in lengths:
-            walls[n].append(_wall(eng, prompts, n))
-        for n in lengths:
-            profs[n].append(_profile(eng, prompts, n, eager_step))
+    for i in range(iters):  # interleaved, the order flipping, so drift lands on both lengths and modes alike
+        order = lengths if i % 2 == 0 else lengths[::-1]
+        timed_first = i % 4 < 2
+        for timed in (timed_first, not timed_first):
+            for n in order:
+                if timed:
+                    walls[n].append(_wall(eng, prompts, n))
+                else:
+                    profs[n].append(_profile(eng, prompts, n, eager_step))
     total = (min(walls[long]) - min(walls[short])) * 1e3 / steps
     best = {n: min(profs[n], key=lambda p: p["window_us"]) for n in lengths}
     parts = _diff(best[long], best[short], steps)
     profiled_step = (best[long]["window_us"] - best[short]["window_us"]) / 1e3 / steps
     per_iter = [_diff(profs[long][i], profs[short][i], steps) for i in range(iters)]
+    paired = [(profs[long][i]["window_us"] - profs[short][i]["window_us"]) / 1e6 / (walls[long][i] - walls[short][i])
+              for i in range(iters)]  # each iteration's profiled step over its own timed step
     weights = bytes_per_part(eng.residency())
     rows = []
     for name in _ordered(parts):
@@ -107,6 +119,7 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
         "iters": iters, "warmup": warmup,
         "parts": rows, "total_ms_per_step": total, "sum_of_parts_ms_per_step": sum(parts.values()),
         "closure": sum(parts.values()) / total if total > 0 else None,
+        "closure_iters": paired,
         "profiled_ms_per_step": profiled_step, "profiler_overhead": profiled_step / total - 1 if total > 0 else None,
         "weight_bytes_per_step": weight_bytes,
         "achieved_gb_s": weight_bytes / (total / 1e3) / 1e9 if total > 0 else None,
@@ -124,8 +137,8 @@ def _decode_mode(eng) -> str:
 
 def _time_source(eng) -> str:
     if eng.device.type == "cpu":
-        return ("host time of the innermost part range (record_function scopes; the profiler observes user "
-                "scopes only); other = model forward outside every part; host = the loop outside the forward")
+        return ("host time of the innermost part range, timed by the host clock (no profiler: engine.scopes "
+                "clock ranges); other = model forward outside every part; host = the loop outside the forward")
     how = ("graph-replayed kernels matched to an eager step of the same bucket in launch order"
            if eng.runner().graphs else "eager decode, each kernel booked to the part range it was launched from")
     return f"device time of kernels and copies ({how}); other = launched outside every part; idle = no activity"

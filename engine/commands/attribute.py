@@ -122,6 +122,8 @@ def print_arm(r: dict, out) -> None:
               f"{_mib(p.get('bytes_per_step')):>10} {_num(p.get('gb_s'), '8.2f'):>8}", file=out)
     print(f"  {'sum of parts':16} {r['sum_of_parts_ms_per_step']:10.4f}  closure {_num(r['closure'], '.2%')} of the "
           f"step measured without the profiler, {r['total_ms_per_step']:.4f} ms", file=out)
+    print(f"  closure of each iteration on its own: {_num(min(r['closure_iters']), '.2%')} .. "
+          f"{_num(max(r['closure_iters']), '.2%')} (the box's noise)", file=out)
     print(f"  profiler overhead {_num(r['profiler_overhead'], '+.2%')} (profiled step "
           f"{r['profiled_ms_per_step']:.4f} ms)", file=out)
     print(f"  weights {_mib(r['weight_bytes_per_step'])} MiB/step -> {_num(r['achieved_gb_s'], '.2f')} GB/s achieved; "
