@@ -66,9 +66,9 @@ class ModelRunner:
         if bucket is None:
             return self._decode_eager(b).clone()
         graph, out = self.graphs[bucket]
-        with marker(FORWARD):
+        with marker(FORWARD):  # the graph's kernels alone: the copy-out below is outside, as in eager
             graph.replay()
-            return out[:b].clone()
+        return out[:b].clone()
 
     def _static_buffers(self) -> dict[str, torch.Tensor]:
         n = self.max_num_seqs

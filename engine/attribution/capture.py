@@ -29,6 +29,9 @@ from engine.attribution.timeline import Span, device_split, host_split
 
 GAP = {"cpu": "host", "cuda": "idle"}
 OTHER = "other"
+# Device work the step is made of. Kineto also puts `gpu_user_annotation` spans (a range's extent
+# on the device timeline) on the device: they are not work, and counting them would count it twice.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 class AttributionError(RuntimeError):
@@ -113,7 +116,8 @@ def _trace(events) -> Trace:
     for e in events:
         row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
         if e.device_type() != DeviceType.CPU:
-            t.device.append({**row, "link": e.linked_correlation_id()})
+            if e.activity_type() in DEVICE_WORK:
+                t.device.append({**row, "link": e.linked_correlation_id()})
         elif e.linked_correlation_id() > 0:  # a runtime call (cudaLaunchKernel), linked to its range
             t.launches.append({**row, "link": e.linked_correlation_id()})
         else:
