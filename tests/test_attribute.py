@@ -130,7 +130,7 @@ def test_an_injected_slowdown_shows_in_its_part_and_no_other(monkeypatch, one_th
 
 def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_thread):
     eng, prompts = _engine(batch=2)
-    r = attribute_arm(eng, prompts, (3, 7), iters=2, warmup=0)
+    r = attribute_arm(eng, prompts, (3, 11), iters=2, warmup=0)
     names = [p["name"] for p in r["parts"]]
     assert names == [*scopes.PARTS, "other", "host"]
     total = sum(p["ms_per_step"] for p in r["parts"])
@@ -142,7 +142,7 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     assert sum(weights.values()) == eng.residency()["totals"]["bytes_per_decode_step"] == r["weight_bytes_per_step"]
     for p in r["parts"]:
         assert p.get("bytes_per_step") == weights.get(p["name"]), p
-    assert r["steps"] == 4 and r["batch"] == 2 and len(r["walls_ms"]["7"]) == 2 and r["decode"] == "cpu"
+    assert r["steps"] == 8 and r["batch"] == 2 and len(r["walls_ms"]["11"]) == 2 and r["decode"] == "cpu"
 
 
 def test_the_kineto_recorder_sees_the_same_parts_on_the_cpu():
@@ -198,4 +198,5 @@ def test_compare_prints_one_json_line_with_both_arms_and_their_difference():
     assert [p["name"] for p in d["parts"]] == [p["name"] for p in r["arms"]["packed"]["parts"]]
     lm = next(p for p in d["parts"] if p["name"] == "lm_head")
     assert lm["delta_ms"] == pytest.approx(lm["a_ms"] - lm["b_ms"])
+    assert all(p["noise_ms"] is None and p["beyond_noise"] is None for p in d["parts"])  # one run: no band
     assert "difference packed - dequant" in res.stderr and "closure" in res.stderr

@@ -77,16 +77,12 @@ def _ordered(names) -> list[str]:
     return [p for p in PARTS if p in names] + sorted(set(names) - set(PARTS) - set(gaps)) + gaps
 
 
-def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters: int, warmup: int) -> dict:
-    short, long = lengths
-    steps = long - short
-    for _ in range(warmup):
-        for n in lengths:
-            eng.generate(prompts, n)
-    eager_step = _eager_step(eng, len(prompts)) if eng.device.type == "cuda" else None
+def _runs(eng, prompts, lengths: tuple[int, int], iters: int, eager_step) -> tuple[dict, dict]:
+    """({n: [wall seconds]}, {n: [profile]}): interleaved, the order flipping, so drift of the box
+    lands on both lengths and both modes alike."""
     walls: dict[int, list[float]] = {n: [] for n in lengths}
     profs: dict[int, list[dict]] = {n: [] for n in lengths}
-    for i in range(iters):  # interleaved, the order flipping, so drift lands on both lengths and modes alike
+    for i in range(iters):
         order = lengths if i % 2 == 0 else lengths[::-1]
         timed_first = i % 4 < 2
         for timed in (timed_first, not timed_first):
@@ -95,34 +91,55 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
                     walls[n].append(_wall(eng, prompts, n))
                 else:
                     profs[n].append(_profile(eng, prompts, n, eager_step))
+    return walls, profs
+
+
+def _rows(parts: dict[str, float], per_iter: list[dict], total: float, weights: dict[str, int]) -> list[dict]:
+    rows = []
+    for name in _ordered(parts):
+        ms = parts[name]
+        seen = [it.get(name, 0.0) for it in per_iter]
+        row = {"name": name, "ms_per_step": ms, "share": ms / total if total > 0 else None,
+               "spread_ms": max(seen) - min(seen)}
+        if weights.get(name):
+            row["bytes_per_step"] = weights[name]
+            row["gb_s"] = weights[name] / (ms / 1e3) / 1e9 if ms > 0 else None
+        rows.append(row)
+    return rows
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters: int, warmup: int) -> dict:
+    short, long = lengths
+    steps = long - short
+    eager_step = _eager_step(eng, len(prompts)) if eng.device.type == "cuda" else None
+    for _ in range(warmup):  # the profiler warms up too (CUPTI's first buffers, the log's first pages)
+        for n in lengths:
+            eng.generate(prompts, n)
+            _profile(eng, prompts, n, eager_step)
+    walls, profs = _runs(eng, prompts, lengths, iters, eager_step)
     total = (min(walls[long]) - min(walls[short])) * 1e3 / steps
     best = {n: min(profs[n], key=lambda p: p["window_us"]) for n in lengths}
     parts = _diff(best[long], best[short], steps)
     profiled_step = (best[long]["window_us"] - best[short]["window_us"]) / 1e3 / steps
     per_iter = [_diff(profs[long][i], profs[short][i], steps) for i in range(iters)]
-    paired = [(profs[long][i]["window_us"] - profs[short][i]["window_us"]) / 1e6 / (walls[long][i] - walls[short][i])
-              for i in range(iters)]  # each iteration's profiled step over its own timed step
+    paired = [_ratio((profs[long][i]["window_us"] - profs[short][i]["window_us"]) / 1e6,
+                     walls[long][i] - walls[short][i]) for i in range(iters)]  # each iteration on its own
     weights = bytes_per_part(eng.residency())
-    rows = []
-    for name in _ordered(parts):
-        row = {"name": name, "ms_per_step": parts[name], "share": parts[name] / total if total > 0 else None,
-               "spread_ms": (max(it.get(name, 0.0) for it in per_iter) - min(it.get(name, 0.0) for it in per_iter))}
-        if weights.get(name):
-            row["bytes_per_step"] = weights[name]
-            row["gb_s"] = weights[name] / (parts[name] / 1e3) / 1e9 if parts[name] > 0 else None
-        rows.append(row)
     weight_bytes = sum(weights.values())
+    closure, overhead = _ratio(sum(parts.values()), total), _ratio(profiled_step, total)
     return {
         "schema_version": SCHEMA_VERSION, "arm": eng.lm_head_arm, "backend": eng.backend,
         "decode": _decode_mode(eng), "time_source": _time_source(eng),
         "lengths": list(lengths), "steps": steps, "batch": len(prompts), "prompt_len": len(prompts[0]),
         "iters": iters, "warmup": warmup,
-        "parts": rows, "total_ms_per_step": total, "sum_of_parts_ms_per_step": sum(parts.values()),
-        "closure": sum(parts.values()) / total if total > 0 else None,
-        "closure_iters": paired,
-        "profiled_ms_per_step": profiled_step, "profiler_overhead": profiled_step / total - 1 if total > 0 else None,
-        "weight_bytes_per_step": weight_bytes,
-        "achieved_gb_s": weight_bytes / (total / 1e3) / 1e9 if total > 0 else None,
+        "parts": _rows(parts, per_iter, total, weights), "total_ms_per_step": total,
+        "sum_of_parts_ms_per_step": sum(parts.values()), "closure": closure, "closure_iters": paired,
+        "profiled_ms_per_step": profiled_step, "profiler_overhead": None if overhead is None else overhead - 1,
+        "weight_bytes_per_step": weight_bytes, "achieved_gb_s": _ratio(weight_bytes / 1e9, total / 1e3),
         "walls_ms": {str(n): [w * 1e3 for w in walls[n]] for n in lengths},
         "profiled_ms": {str(n): [p["window_us"] / 1e3 for p in profs[n]] for n in lengths},
         "median_total_ms_per_step": (statistics.median(walls[long]) - statistics.median(walls[short])) * 1e3 / steps,

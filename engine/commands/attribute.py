@@ -91,15 +91,17 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
 
 
 def difference(a: dict, b: dict) -> dict:
-    """Per part a - b (ms per step), against the part's noise band (the larger spread of the two)."""
+    """Per part a - b (ms per step), against the part's noise band (the larger spread of the two);
+    with one run per length there is no band, and no part is called beyond it."""
     pa, pb = ({p["name"]: p for p in r["parts"]} for r in (a, b))
+    banded = a["iters"] >= 2 and b["iters"] >= 2
     rows = []
     for name in [n for n in pa if n in pb] + [n for n in pb if n not in pa] + [n for n in pa if n not in pb]:
         x, y = pa.get(name, {}), pb.get(name, {})
         delta = x.get("ms_per_step", 0.0) - y.get("ms_per_step", 0.0)
-        noise = max(x.get("spread_ms", 0.0), y.get("spread_ms", 0.0))
+        noise = max(x.get("spread_ms", 0.0), y.get("spread_ms", 0.0)) if banded else None
         rows.append({"name": name, "a_ms": x.get("ms_per_step"), "b_ms": y.get("ms_per_step"), "delta_ms": delta,
-                     "noise_ms": noise, "beyond_noise": abs(delta) > noise})
+                     "noise_ms": noise, "beyond_noise": None if noise is None else abs(delta) > noise})
     return {"a": a["arm"], "b": b["arm"], "parts": rows,
             "total_delta_ms": a["total_ms_per_step"] - b["total_ms_per_step"],
             "sum_of_part_deltas_ms": sum(r["delta_ms"] for r in rows)}
@@ -122,8 +124,9 @@ def print_arm(r: dict, out) -> None:
               f"{_mib(p.get('bytes_per_step')):>10} {_num(p.get('gb_s'), '8.2f'):>8}", file=out)
     print(f"  {'sum of parts':16} {r['sum_of_parts_ms_per_step']:10.4f}  closure {_num(r['closure'], '.2%')} of the "
           f"step measured without the profiler, {r['total_ms_per_step']:.4f} ms", file=out)
-    print(f"  closure of each iteration on its own: {_num(min(r['closure_iters']), '.2%')} .. "
-          f"{_num(max(r['closure_iters']), '.2%')} (the box's noise)", file=out)
+    own = [c for c in r["closure_iters"] if c is not None]
+    if own:
+        print(f"  closure of each iteration on its own: {min(own):.2%} .. {max(own):.2%} (the box's noise)", file=out)
     print(f"  profiler overhead {_num(r['profiler_overhead'], '+.2%')} (profiled step "
           f"{r['profiled_ms_per_step']:.4f} ms)", file=out)
     print(f"  weights {_mib(r['weight_bytes_per_step'])} MiB/step -> {_num(r['achieved_gb_s'], '.2f')} GB/s achieved; "
@@ -141,9 +144,10 @@ def print_table(result: dict, out) -> None:
     if not d:
         return
     print(f"difference {d['a']} - {d['b']} (ms/step; noise = the larger spread of the two arms)", file=out)
+    words = {None: "no noise band (one run per length)", True: "BEYOND NOISE", False: "within noise"}
     for p in d["parts"]:
         print(f"  {p['name']:16} {_num(p['a_ms'], '10.4f')} {_num(p['b_ms'], '10.4f')} {p['delta_ms']:+10.4f} "
-              f"noise {p['noise_ms']:.4f} {'BEYOND NOISE' if p['beyond_noise'] else 'within noise'}", file=out)
+              f"noise {_num(p['noise_ms'], '.4f') or '-'} {words[p['beyond_noise']]}", file=out)
     print(f"  step {d['total_delta_ms']:+.4f} ms measured; parts sum to {d['sum_of_part_deltas_ms']:+.4f} ms", file=out)
 
 
