@@ -48,8 +48,8 @@ _FAMILY_OF = {"q_proj": "tower.qkvo", "k_proj": "tower.qkvo", "v_proj": "tower.q
 
 _mode: str | None = None  # None: off
 _OFF = contextlib.nullcontext()
-_clock_log: list[tuple[str | None, int]] = []  # ("name", t) on enter, (None, t) on exit
-_clock_ranges: dict[str, "_ClockRange"] = {}
+_clock_log: list = []  # flat: name, t on enter; None, t on exit (no tuple built inside the step)
+_clock_ranges: dict[str, "_ClockRange"] = {}  # by range name, made once each
 
 
 class _KinetoRange:
@@ -75,11 +75,14 @@ class _ClockRange:
     def __init__(self, name: str):
         self.name = name
 
-    def __enter__(self):
-        _clock_log.append((self.name, perf_counter_ns()))
+    # The log's append and the clock are bound once (default arguments), not looked up per range.
+    def __enter__(self, _append=_clock_log.append, _now=perf_counter_ns):
+        _append(self.name)
+        _append(_now())
 
-    def __exit__(self, *exc):
-        _clock_log.append((None, perf_counter_ns()))
+    def __exit__(self, exc_type, exc, tb, _append=_clock_log.append, _now=perf_counter_ns):
+        _append(None)
+        _append(_now())
 
 
 def enabled() -> bool:
@@ -94,13 +97,15 @@ def set_mode(mode: str | None) -> str | None:
         raise ValueError(f"scope mode {mode!r}: expected one of {MODES} or None")
     if mode == "clock":
         _clock_log.clear()
+    else:
+        _clock_parts.clear()
     previous, _mode = _mode, mode
     return previous
 
 
 def clock_log() -> list[tuple[str | None, int]]:
-    """The `clock` ranges recorded since it was turned on: enters and exits in order."""
-    return list(_clock_log)
+    """The `clock` ranges recorded since it was turned on: (name, ns) on enter, (None, ns) on exit."""
+    return list(zip(_clock_log[0::2], _clock_log[1::2]))
 
 
 def _range(name: str):
@@ -112,9 +117,20 @@ def _range(name: str):
     return _KinetoRange(name)
 
 
+_clock_parts: dict[str, _ClockRange] = {}  # part -> its range while `clock` is on; empty otherwise
+
+
 def scope(part: str):
     """A `part:<part>` range while attribution is on; a shared no-op context otherwise."""
-    return _OFF if _mode is None else _range(PREFIX + part)
+    r = _clock_parts.get(part)  # the clock's ranges are found in one lookup: they are the cheap ones
+    if r is not None:
+        return r
+    if _mode is None:
+        return _OFF
+    r = _range(PREFIX + part)
+    if _mode == "clock":
+        _clock_parts[part] = r
+    return r
 
 
 def marker(name: str):
