@@ -13,6 +13,7 @@ COMMANDS = (
     "engine.commands.info",  # engine info
     "engine.commands.generate",  # engine generate
     "engine.commands.bench",  # engine bench
+    "engine.commands.attribute",  # engine attribute
     "kernels.build",  # engine build
 )
 

@@ -26,6 +26,7 @@ from engine.model_runner import ModelRunner
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.scheduler import Scheduler
 from engine.paged.sequence import Sequence
+from engine.scopes import scope
 
 
 class TopK(NamedTuple):
@@ -123,10 +124,11 @@ class Engine:
         return [s.completion for s in seqs]
 
     def _greedy(self, batch: list[Sequence], logits: torch.Tensor, topk: dict) -> list[int]:
-        vals, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # sorted; ties to the lower id
-        tokens = logits.argmax(dim=-1).tolist()
-        for s, v, i in zip(batch, vals.tolist(), ids.tolist()):
-            topk[s.seq_id].append(TopK(v, i))
+        with scope("sample"):
+            vals, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # sorted; ties to the lower id
+            tokens = logits.argmax(dim=-1).tolist()
+            for s, v, i in zip(batch, vals.tolist(), ids.tolist()):
+                topk[s.seq_id].append(TopK(v, i))
         return tokens
 
     def _now(self) -> float:

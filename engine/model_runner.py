@@ -14,6 +14,7 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import Sequence
+from engine.scopes import FORWARD, marker
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -51,10 +52,11 @@ class ModelRunner:
                       block_tables=self._block_tables(seqs, max(len(s.block_table) for s in seqs)),
                       state_slots=self._long([s.state_slot for s in seqs]), kv_cache=self.kv,
                       state_cache=self.state)
-        hidden = self.model.hidden(self._long(ids), ctx)
-        if not all_logits:
-            hidden = hidden[self._long([e - 1 for _, e in ctx.query_ranges()])]
-        return self.model.logits(hidden)
+        with marker(FORWARD):
+            hidden = self.model.hidden(self._long(ids), ctx)
+            if not all_logits:
+                hidden = hidden[self._long([e - 1 for _, e in ctx.query_ranges()])]
+            return self.model.logits(hidden)
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One token per sequence (its last) -> logits [B, V]."""
@@ -64,7 +66,8 @@ class ModelRunner:
         if bucket is None:
             return self._decode_eager(b).clone()
         graph, out = self.graphs[bucket]
-        graph.replay()
+        with marker(FORWARD):  # the graph's kernels alone: the copy-out below is outside, as in eager
+            graph.replay()
         return out[:b].clone()
 
     def _static_buffers(self) -> dict[str, torch.Tensor]:
@@ -90,7 +93,8 @@ class ModelRunner:
         ctx = Context("decode", st["positions"][:rows], slot_mapping=st["slot_mapping"][:rows],
                       block_tables=st["block_tables"][:rows], context_lens=st["context_lens"][:rows],
                       state_slots=st["state_slots"][:rows], kv_cache=self.kv, state_cache=self.state)
-        return self.model.logits(self.model.hidden(st["ids"][:rows], ctx))
+        with marker(FORWARD):
+            return self.model.logits(self.model.hidden(st["ids"][:rows], ctx))
 
     def capture_decode_graphs(self) -> None:
         """One CUDA graph per bucket, largest first so the smaller ones reuse its memory pool."""

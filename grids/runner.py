@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grids import attribution
 from grids.spec import Arm, Cell, GridSpec
 from grids.verdict import MIN_CLAIM_LEGS, judge
 
@@ -126,9 +127,11 @@ def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | Non
              launcher: BenchLauncher | None = None,
              checkpoint: Callable[..., Path] = _default_checkpoint,
              progress: Callable[[Progress], None] | None = None,
-             out: str | Path | None = None) -> dict:
+             out: str | Path | None = None, attribute_launcher: BenchLauncher | None = None) -> dict:
     """Run the grid and return its result (see docs/GRIDS.md); `out` is rewritten atomically
-    after every leg, so an interrupted grid keeps the legs it finished (`complete: false`)."""
+    after every leg, so an interrupted grid keeps the legs it finished (`complete: false`).
+    With the spec's `attribute`, each cell then gets one `engine attribute` per arm
+    (`attribute_launcher`, by default the bench launcher's own engine: grids.attribution)."""
     launcher = launcher or BenchLauncher()
     cap = max_legs if max_legs is not None else spec.max_legs
     if cap < 1:
@@ -145,6 +148,8 @@ def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | Non
         leg += 1
         if out is not None:
             write_json_atomic(out, result)
+    if spec.attribute is not None:
+        _attribute_cells(spec, attribute_launcher or attribution.launcher_for(launcher), result, out)
     result["complete"], result["finished_at"] = True, _now()
     if out is not None:
         write_json_atomic(out, result)
@@ -158,6 +163,13 @@ def refuse_unbindable(legs: int, cap: int, source: str) -> None:
         if n < MIN_CLAIM_LEGS:
             raise GridError(f"{source}: {key}: {n} legs per arm cannot establish a claim (at least "
                             f"{MIN_CLAIM_LEGS} needed); --until-binding refuses it")
+
+
+def _attribute_cells(spec: GridSpec, launcher: BenchLauncher, result: dict, out: str | Path | None) -> None:
+    for i, record in enumerate(result["cells"]):
+        record["attribution"] = attribution.attribute_cell(spec, launcher, i, record["model_dir"])
+        if out is not None:
+            write_json_atomic(out, result)
 
 
 def _model_dir(spec: GridSpec, index: int, checkpoint: Callable[..., Path]) -> str:

@@ -19,6 +19,7 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
     cells:
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
+    attribute: {lengths: [8, 136], iters: 3}   # optional: `engine attribute` per arm per cell, after the legs
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from grids.verdict import MIN_CLAIM_LEGS, RULES
 LM_HEADS = ("packed", "dequant")
 BACKENDS = ("cpu", "cuda")
 TOP_KEYS = {"name", "backend", "legs", "max_legs", "until_binding", "warmup", "iters", "timeout_s", "verdict",
-            "checkpoint", "arms", "cells"}
+            "checkpoint", "arms", "cells", "attribute"}
 
 
 class SpecError(ValueError):
@@ -90,6 +91,14 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """Two-length decode attribution of each arm of each cell (`engine attribute`), run once per cell
+    after its legs: generation lengths (short, long) and runs per length."""
+    lengths: tuple[int, int] = (8, 136)
+    iters: int = 3
+
+
+@dataclass(frozen=True)
 class GridSpec:
     name: str
     arms: tuple[Arm, Arm]
@@ -102,6 +111,7 @@ class GridSpec:
     timeout_s: float = 900.0
     policy: Policy = field(default_factory=Policy)
     source: str = "<dict>"
+    attribute: Attribute | None = None
 
     def with_backend(self, backend: str) -> GridSpec:
         """The same grid with every arm on `backend` (the CLI's --backend)."""
@@ -150,6 +160,7 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
         timeout_s=where.number(top.get("timeout_s", 900), "timeout_s"),
         policy=_policy(where, top.get("verdict", {})),
         source=source,
+        attribute=None if top.get("attribute") is None else _attribute(where, top["attribute"]),
     )
 
 
@@ -200,6 +211,17 @@ def _checkpoint(where: _Where, body: dict, key: str) -> Checkpoint:
         layers=None if layers is None else where.count(layers, f"{key}.layers", 1),
         quant_config=where.text(body.get("quant_config", "legacy"), f"{key}.quant_config"),
         prefix=where.text(body.get("prefix", "model."), f"{key}.prefix"))
+
+
+def _attribute(where: _Where, data: Any) -> Attribute:
+    body = where.mapping(data, "attribute", {"lengths", "iters"})
+    lengths = body.get("lengths")
+    if (not isinstance(lengths, list) or len(lengths) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) for n in lengths)
+            or lengths[0] < 2 or lengths[1] <= lengths[0]):
+        raise where.fail("attribute.lengths", "two increasing integers >= 2 ([short, long] generation lengths)",
+                         lengths)
+    return Attribute(lengths=(lengths[0], lengths[1]), iters=where.count(body.get("iters", 3), "attribute.iters", 1))
 
 
 def _policy(where: _Where, data: Any) -> Policy:

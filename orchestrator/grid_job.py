@@ -2,8 +2,10 @@
 
 `--grid SPEC` names a spec file of the head's tree (`grids/smoke.yaml`) or its bare name (`smoke`).
 Every bench runs the head's own engine: the launcher starts `python -m engine.cli bench` in the
-fresh tree with the tree first on PYTHONPATH. A grid that cannot run is an infrastructure error of
-the job (no verdict can be drawn from it), never a red gate.
+fresh tree with the tree first on PYTHONPATH; a spec's `attribute` runs the same tree's
+`engine attribute` per arm per cell after the legs (grids.attribution derives its launcher from this
+one). A grid that cannot run is an infrastructure error of the job (no verdict can be drawn from it),
+never a red gate.
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
 #   serve    `orchestrator serve` on the clone's state: one POST /api/gate (grid cuda_smoke) and a schedule
 #            slot every minute for the same grid; waits until the firing and the run are recorded and
-#            prints them (the firing of an identical queued gate is answered with that gate's run)
+#            prints them (the firing of an identical queued gate is answered with that gate's run).
+#            A dry run on a CPU machine: NO_WHEELS=1 PY=.venv/bin/python SERVE_GRID=smoke SERVE_GPUS=0
+#            SERVE_MARKERS='[]' bash scripts/device_gate.sh serve
 #   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite)
 #   cudatest every cuda-marked test of tests/
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
@@ -32,7 +34,7 @@ stage_bundle() {
 }
 
 install_wheels() {
-  [ -d /tmp/site ] && return 0
+  [ -d /tmp/site ] || [ -n "${NO_WHEELS:-}" ] && return 0  # NO_WHEELS=1: PY already has Ray (a dry run here)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 }
 
@@ -74,15 +76,15 @@ PY
 
 stage_serve() {
   install_wheels && clone || return 1
-  local box; box=$(hostname | cut -d. -f1)
+  local box grid=${SERVE_GRID:-cuda_smoke}; box=$(hostname | cut -d. -f1)
   mkdir -p "$CLONE/.regate"
   cat > "$CLONE/.regate/serve.yaml" <<Y
 db_path: $CLONE/.regate/regate.db
 reports_dir: $CLONE/.regate/reports
 boxes:
-  - {name: $box, lock_path: ~/gpu.lock, gpus: 1, required_markers: ["packed NVFP4 W4A16 GEMM: ENABLED"]}
+  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SERVE_GPUS:-1}, required_markers: ${SERVE_MARKERS:-["packed NVFP4 W4A16 GEMM: ENABLED"]}}
 schedules:
-  - {id: every-minute-cuda-smoke, cron: "* * * * *", rev: HEAD, grid: cuda_smoke, box: $box}
+  - {id: every-minute-$grid, cron: "* * * * *", rev: HEAD, grid: $grid, box: $box}
 Y
   (cd "$CLONE" && PYTHONPATH=/tmp/site:$CLONE setsid $PY -m orchestrator.cli serve --port 0 \
      --config .regate/serve.yaml --repo . > "$OUT/serve.stdout" 2> "$OUT/serve.stderr") &
@@ -90,7 +92,7 @@ Y
   for i in $(seq 60); do url=$(grep -o 'http://[0-9.:]*' "$OUT/serve.stdout" | head -1); [ -n "$url" ] && break; sleep 1; done
   [ -n "$url" ] || { echo "serve did not start"; tail -20 "$OUT/serve.stderr"; return 1; }
   echo "serving at $url"
-  curl -s -XPOST -H 'Content-Type: application/json' -d '{"head": "HEAD", "grid": "cuda_smoke"}' "$url/api/gate" | tee "$OUT/post.json"; echo
+  curl -s -XPOST -H 'Content-Type: application/json' -d "{\"head\": \"HEAD\", \"grid\": \"$grid\"}" "$url/api/gate" | tee "$OUT/post.json"; echo
   local deadline=$((SECONDS + ${SERVE_WAIT_S:-480})) fired=""
   while [ $SECONDS -lt $deadline ]; do
     sleep 10

@@ -154,3 +154,67 @@ def test_arm_order_flips_every_leg():
     arms = _spec().arms
     assert [tuple(a.name for a in arm_order(arms, leg)) for leg in range(4)] == [
         ("packed", "dequant"), ("dequant", "packed"), ("packed", "dequant"), ("dequant", "packed")]
+
+
+FAKE_ATTRIBUTE = Path(__file__).with_name("grid_fake_attribute.py")
+
+
+def _attributed_spec(batches=(1,)):
+    return parse_spec({
+        "name": "fake", "backend": "cpu", "legs": 2, "warmup": 0, "iters": 2, "checkpoint": {"preset": "tiny"},
+        "arms": {"packed": {"lm_head": "packed"}, "dequant": {"lm_head": "dequant"}},
+        "cells": [{"batch": b, "prompt_len": 4, "gen_len": 4} for b in batches],
+        "attribute": {"lengths": [8, 136], "iters": 2},
+    }, "fake.yaml")
+
+
+def test_attribution_runs_once_per_arm_per_cell_after_the_legs(fake, monkeypatch, tmp_path):
+    attr = BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE)))
+    out = tmp_path / "grid.json"
+    result, calls = fake({"packed": [11.0], "dequant": [10.0]}, _attributed_spec(batches=(1, 16)),
+                         attribute_launcher=attr, out=out)
+    keys = [c["key"] for c in calls]
+    assert keys[:8] == ["packed", "dequant"] * 2 + ["dequant", "packed"] * 2, "attribution runs after every leg"
+    assert keys[8:] == ["attribute:packed", "attribute:dequant"] * 2
+    assert len({c["pid"] for c in calls}) == len(calls)  # a fresh process each
+    argv = calls[10]["argv"]
+    assert argv[argv.index("--lengths") + 1] == "8,136" and argv[argv.index("--batch") + 1] == "16"
+    assert argv[argv.index("--iters") + 1] == "2" and argv[argv.index("--model") + 1] == str(tmp_path / "ckpt-tiny")
+    for cell in result["cells"]:
+        a = cell["attribution"]
+        assert a["lengths"] == [8, 136] and a["errors"] == {} and set(a["arms"]) == {"packed", "dequant"}
+        assert a["arms"]["dequant"]["parts"][0] == {"name": "lm_head", "ms_per_step": 3.0, "spread_ms": 0.01,
+                                                    "bytes_per_step": 100}
+    assert json.loads(out.read_text()) == result and result["complete"]
+
+
+def test_a_failed_attribution_is_kept_as_its_arms_error_and_the_legs_stay(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_ATTRIBUTE_FAIL", "dequant")
+    result, _ = fake({"packed": [11.0], "dequant": [10.0]}, _attributed_spec(),
+                     attribute_launcher=BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE))))
+    (cell,) = result["cells"]
+    assert cell["arms"]["packed"]["legs"] == [11.0, 11.0]
+    assert set(cell["attribution"]["arms"]) == {"packed"}
+    why = cell["attribution"]["errors"]["dequant"]
+    assert why.startswith("grid fake: cell 0 (b1 p4 g4 tiny modelopt), arm dequant, attribution: exited 2")
+    assert "a CUDA graph replay ran 3 device activities" in why
+
+
+def test_without_the_attribute_key_no_attribution_runs(fake):
+    result, calls = fake({"packed": [11.0], "dequant": [10.0]}, _spec(legs=1),
+                         attribute_launcher=BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE))))
+    assert "attribution" not in result["cells"][0] and len(calls) == 2
+
+
+def test_the_attribution_launcher_follows_the_bench_launcher():
+    from grids.attribution import launcher_for, parse_attribute
+
+    bench = BenchLauncher(("/tree/python", "-m", "engine.cli", "bench"), cwd="/tree", env={"PYTHONPATH": "/tree"})
+    assert launcher_for(bench) == BenchLauncher(("/tree/python", "-m", "engine.cli", "attribute"), cwd="/tree",
+                                                env={"PYTHONPATH": "/tree"})
+    with pytest.raises(Exception, match="expected kind 'attribution' schema_version 1, found kind None"):
+        parse_attribute('{"schema_version": 1, "decode_tok_s": 3}', "w")
+    with pytest.raises(Exception, match="JSON parts: expected a list"):
+        parse_attribute('{"schema_version": 1, "kind": "attribution", "parts": [{"ms": 1}]}', "w")
+    with pytest.raises(Exception, match="printed no JSON line"):
+        parse_attribute("nothing", "w")

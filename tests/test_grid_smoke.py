@@ -32,3 +32,23 @@ def test_smoke_grid_on_the_cpu(tmp_path, monkeypatch):
     assert v["direction"]["state"] in ("established", "indicated", "none")
     assert v["magnitude"]["state"] in ("binding", "owed")
     assert set(v["arms"]) == {"packed", "dequant"}
+
+
+def test_a_grid_asking_for_attribution_keeps_each_arms_attribution(tmp_path, monkeypatch):
+    """Real `engine bench` and `engine attribute` processes: the launcher swap and the JSON contract."""
+    from grids.spec import parse_spec
+
+    monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
+    spec = parse_spec({"name": "attributed", "backend": "cpu", "legs": 1, "warmup": 0, "iters": 1,
+                       "checkpoint": {"preset": "tiny"},
+                       "arms": {"packed": {"lm_head": "packed"}, "dequant": {"lm_head": "dequant"}},
+                       "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}],
+                       "attribute": {"lengths": [3, 5], "iters": 1}})
+    (cell,) = run_grid(spec)["cells"]
+    a = cell["attribution"]
+    assert a["errors"] == {} and set(a["arms"]) == {"packed", "dequant"}
+    for name, r in a["arms"].items():
+        assert r["arm"] == name and r["lengths"] == [3, 5] and r["backend"] == "cpu"
+        assert {"lm_head", "norm", "host", "other"} <= {p["name"] for p in r["parts"]}
+        assert isinstance(r["total_ms_per_step"], float) and "closure" in r  # (its sign is the box's noise at 2 steps)
+        assert r["bandwidth"]["gb_s"] > 0

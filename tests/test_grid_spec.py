@@ -116,3 +116,25 @@ def test_case3_until_binding_spec_below_the_claim_minimum_is_refused(legs):
     with pytest.raises(SpecError, match=f"legs: {legs} legs per arm cannot establish a claim "
                                         r"\(at least 3 needed\); until_binding: true refuses it"):
         parse_spec({**base, "until_binding": True})
+
+def test_attribute_is_optional_and_validated():
+    from grids.spec import Attribute
+    assert parse_spec(GOOD).attribute is None
+    assert parse_spec({**GOOD, "attribute": {"lengths": [8, 136]}}).attribute == Attribute((8, 136), 3)
+    assert parse_spec({**GOOD, "attribute": {"lengths": [4, 20], "iters": 5}}).attribute == Attribute((4, 20), 5)
+    for bad, needle in (
+        ({"lengths": [136, 8]}, "attribute.lengths: expected two increasing integers >= 2 ([short, long] "
+                                "generation lengths), found [136, 8]"),
+        ({"lengths": [1, 8]}, "attribute.lengths: expected two increasing integers >= 2"),
+        ({"lengths": [8, 136, 200]}, "attribute.lengths: expected two increasing integers >= 2"),
+        ({"lengths": [8, "136"]}, "attribute.lengths: expected two increasing integers >= 2"),
+        ({"lengths": [True, 136]}, "attribute.lengths: expected two increasing integers >= 2"),
+        ({}, "attribute.lengths: expected two increasing integers >= 2 ([short, long] generation lengths), "
+             "found None"),
+        ({"lengths": [8, 136], "iters": 0}, "attribute.iters: expected an integer >= 1, found 0"),
+        ({"lengths": [8, 136], "steps": 3}, "attribute.steps: unknown key (expected one of iters, lengths)"),
+        ([8, 136], "attribute: expected a mapping, found [8, 136]"),
+    ):
+        with pytest.raises(SpecError) as e:
+            parse_spec({**GOOD, "attribute": bad}, "g.yaml")
+        assert str(e.value).startswith("g.yaml: ") and needle in str(e.value), str(e.value)

@@ -12,6 +12,7 @@ import torch
 from engine.model.context import Context
 from engine.model.norm import RMSNorm
 from engine.model.rope import apply_rope
+from engine.scopes import scope
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
@@ -55,13 +56,17 @@ class GatedAttention:
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
-        q, gate = self.q_proj(x).view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
-        gate = gate.reshape(t, -1)
-        q = apply_rope(self.q_norm(q), ctx.cos, ctx.sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, hd)), ctx.cos, ctx.sin)
-        v = self.v_proj(x).view(t, self.num_kv_heads, hd)
-        out = self._attend(q, k, v, ctx)  # [T, H, D]
-        return self.o_proj(out.reshape(t, -1) * torch.sigmoid(gate))
+        with scope("tower.qkvo"):
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = qg.view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
+        k, v = k.view(t, self.num_kv_heads, hd), v.view(t, self.num_kv_heads, hd)
+        q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)
+        with scope("attention"):
+            q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+            out = self._attend(q, k, v, ctx)  # [T, H, D]
+            out = out.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
+        with scope("tower.qkvo"):
+            return self.o_proj(out)
 
     def _attend(self, q, k, v, ctx: Context) -> torch.Tensor:
         if ctx.kind == "contiguous":

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine.model.context import Context
 from engine.model.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from engine.model.norm import gated_rms_norm
+from engine.scopes import scope
 
 
 class GatedDeltaNet:
@@ -30,20 +31,24 @@ class GatedDeltaNet:
         self.eps, self.state_index = eps, state_index
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        qkv = self.in_proj_qkv(x)  # [T, conv_dim]
-        z = self.in_proj_z(x)  # [T, Hv * Dv]
-        beta = self.in_proj_b(x).sigmoid()  # [T, Hv]
-        # The decay in log space, FP32 so -exp(A_log) never overflows the activation dtype
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        if ctx.kind == "decode":
-            core = self._decode(qkv, g, beta, ctx)
-        else:
-            core = torch.cat([self._prefill(qkv[s:e], g[s:e], beta[s:e], ctx, i)
-                              for i, (s, e) in enumerate(ctx.query_ranges())])
+        with scope("tower.in_proj"):
+            qkv = self.in_proj_qkv(x)  # [T, conv_dim]
+            z = self.in_proj_z(x)  # [T, Hv * Dv]
+            b, a = self.in_proj_b(x), self.in_proj_a(x)
+        with scope("delta_rule"):
+            beta = b.sigmoid()  # [T, Hv]
+            # The decay in log space, FP32 so -exp(A_log) never overflows the activation dtype
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+            if ctx.kind == "decode":
+                core = self._decode(qkv, g, beta, ctx)
+            else:
+                core = torch.cat([self._prefill(qkv[s:e], g[s:e], beta[s:e], ctx, i)
+                                  for i, (s, e) in enumerate(ctx.query_ranges())])
         t = x.shape[0]
         core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                               self.norm_weight, self.eps)
-        return self.out_proj(core.reshape(t, -1))
+        with scope("tower.out_proj"):
+            return self.out_proj(core.reshape(t, -1))
 
     def _split(self, mixed: torch.Tensor):
         t = mixed.shape[0]  # mixed: [T, conv_dim] after the conv

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.scopes import scope
+
 
 class RMSNorm:
     def __init__(self, weight: torch.Tensor, eps: float):
@@ -16,15 +18,17 @@ class RMSNorm:
         self.eps = eps
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).type_as(x)
+        with scope("norm"):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (1.0 + self.weight.float())).type_as(x)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x, gate: [..., D]. The norm happens before the gate, as in the reference (and FLA)."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = weight.to(dtype) * h.to(dtype)
-    return (h * F.silu(gate.float())).to(dtype)
+    with scope("norm"):
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        h = weight.to(dtype) * h.to(dtype)
+        return (h * F.silu(gate.float())).to(dtype)

@@ -9,6 +9,7 @@ from engine.model.context import Context
 from engine.model.mlp import Mlp
 from engine.model.norm import RMSNorm
 from engine.model.rope import Rope
+from engine.scopes import scope
 
 
 class DecoderLayer:
@@ -30,14 +31,19 @@ class Qwen3_5Model:
 
     def hidden(self, input_ids: torch.Tensor, ctx: Context) -> torch.Tensor:
         """input_ids [T] (all sequences' tokens, flattened) -> final-normed hidden states [T, hidden]."""
-        h = self.embed_tokens[input_ids].to(self.dtype)
-        ctx.cos, ctx.sin = self.rope.cos_sin(ctx.positions, self.dtype)
+        with scope("embed"):
+            h = self.embed_tokens[input_ids].to(self.dtype)
+        with scope("attention"):  # the RoPE tables serve the full-attention layers alone
+            ctx.cos, ctx.sin = self.rope.cos_sin(ctx.positions, self.dtype)
         for layer in self.layers:
             h = layer(h, ctx)
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        with scope("lm_head"):
+            logits = self.lm_head(hidden)
+        with scope("sample"):  # FP32 logits are the sampler's input
+            return logits.float()
 
     def forward_contiguous(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The reference twin of the paged engine: one sequence, no cache -> logits [T, vocab]."""

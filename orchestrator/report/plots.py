@@ -79,3 +79,42 @@ def cell_plot(arms: dict[str, dict], claim: dict | None, tolerance: float, bindi
     if with_ratio:
         _ratio_axes(axes[1], claim, tolerance, binding)
     return _svg(fig, salt)
+
+
+# One colour per part, stable across arms and cells (the GEMMs in blues, cores in greens, the
+# measured gaps in greys), so a part reads the same in every bar.
+_PART_COLOURS = {"lm_head": "#b5651d", "tower.qkvo": "#1f4e79", "tower.gate_up": "#2e75b6", "tower.down": "#5b9bd5",
+                 "tower.in_proj": "#9dc3e6", "tower.out_proj": "#c5d9ef", "delta_rule": "#2b7a3d",
+                 "attention": "#70ad47", "norm": "#a9d18e", "embed": "#7f6084", "sample": "#b4a7d6",
+                 "other": "#999999", "idle": "#cccccc", "host": "#cccccc"}
+_FALLBACK = ("#e6b8af", "#f9cb9c", "#ffe599", "#b6d7a8", "#a2c4c9")
+
+
+def attribution_plot(arms: list[dict], parts: list[str], salt: str) -> str:
+    """SVG: one stacked bar per arm (ms per step of each part), and a tick at the step measured
+    without the profiler, so the closure shows as the bar's end against the tick."""
+    fig = Figure(figsize=(9.0, 1.2 + 0.55 * len(arms)), layout="constrained")
+    ax = fig.subplots()
+    spare = iter(_FALLBACK * 4)
+    for y, arm in enumerate(arms):
+        left = 0.0
+        for name in parts:
+            p = arm["parts"].get(name)
+            if p is None or p["ms_per_step"] <= 0:  # a negative part (noise) cannot be stacked
+                continue
+            colour = _PART_COLOURS.get(name) or next(spare, "#dddddd")
+            ax.barh(y, p["ms_per_step"], left=left, color=colour, edgecolor="white", lw=0.5,
+                    label=None if name in _seen_labels(ax) else name)
+            left += p["ms_per_step"]
+        ax.plot([arm["total"]], [y], "|", color="k", ms=22, mew=2, zorder=4,
+                label="step without the profiler" if y == 0 else None)
+    ax.set_yticks(range(len(arms)), [a["name"] for a in arms])
+    ax.set_ylim(-0.6, len(arms) - 0.4)
+    ax.set_xlabel("ms per decode step (two-length difference)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, frameon=False)
+    return _svg(fig, salt)
+
+
+def _seen_labels(ax) -> set[str]:
+    return set(ax.get_legend_handles_labels()[1])

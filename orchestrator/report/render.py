@@ -52,6 +52,8 @@ def _filters() -> dict:
         "legs": lambda legs: ", ".join(f"{v:.3f}" for v in legs),
         "ci": lambda ci: "—" if not ci or None in ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
         "secs": lambda s: "—" if s is None else f"{s:.1f} s",
+        "ms": lambda x, digits=4: "—" if x is None else f"{x:.{digits}f}",
+        "dms": lambda x: "—" if x is None else f"{x:+.4f}",
         "data_uri": view.data_uri,
         "oneline": _oneline,
     }

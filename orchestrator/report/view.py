@@ -11,6 +11,7 @@ import datetime as dt
 import json
 
 from orchestrator import headline
+from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
 from orchestrator.report.errors import ReportError
@@ -189,5 +190,6 @@ def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True)
         "ledger": ledger,
         "ledger_extra": [o for o in ledger or [] if (o["cell"], o["what"], o["backend"], o["gpu"]) not in mine],
         "residency": residency.section(record),
+        "attribution": attribution.section(record, with_plots),
         "raw": raw_legs(record),
     }

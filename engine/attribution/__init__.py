@@ -1,0 +1,1 @@
+"""Two-length decode attribution: where a decode step's time goes, per part (`engine attribute`)."""

@@ -1,0 +1,206 @@
+"""Record one generate() and turn its trace into per-part time (engine.attribution.timeline).
+
+Two recorders (engine.scopes says what each costs):
+- `kineto`: torch's Kineto profiler, started through the entry points `torch.profiler` uses but
+  observing user scopes only (the part ranges) and, on CUDA, the device activities. Recording every
+  aten op as well would add ~20% to a CPU decode step of the tiny checkpoint (measured 9.3 -> 11.1
+  ms/step) and nothing the parts need.
+- `clock`: the part ranges timed by the host clock, no profiler: the CPU default, the cheapest
+  honest record of host time.
+
+- cpu: the parts are the host time of the innermost part range (ops and their Python); time inside
+  the model's forward outside every part is `other`; time in the window outside the forward is
+  `host` (the scheduler, block tables, the loop).
+- cuda: the parts are device time. Each kernel or copy is booked to the part range it was launched
+  from (the CUPTI correlation of its launch); a kernel launched outside every part is `other`; time
+  the device runs nothing inside the window is `idle` (launch gaps, host syncs). Under CUDA graphs the
+  replayed kernels carry no part range (they were recorded once, at capture), so the parts of a
+  replayed step come from an eager step of the same bucket, matched kernel by kernel in launch order;
+  a replay whose kernels differ from the eager step's is refused, never guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import scopes
+from engine.attribution.timeline import Span, device_split, host_split
+
+GAP = {"cpu": "host", "cuda": "idle"}
+OTHER = "other"
+# Device work the step is made of. Kineto also puts `gpu_user_annotation` spans (a range's extent
+# on the device timeline) on the device: they are not work, and counting them would count it twice.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+class AttributionError(RuntimeError):
+    """A trace that cannot be attributed honestly; says why and what to run instead."""
+
+
+@dataclass
+class Trace:
+    """What one profiled call leaves: host ranges and device activities, times in microseconds."""
+    ranges: list[dict] = field(default_factory=list)  # {id, name, start, end, thread}
+    device: list[dict] = field(default_factory=list)  # {name, start, end, link}
+    launches: list[dict] = field(default_factory=list)  # runtime calls: {name, start, end, link}
+
+
+def _config():
+    from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+
+    return ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+
+
+def profiled(fn, device: torch.device, recorder: str | None = None) -> tuple[object, Trace]:
+    """Run fn() with the part scopes on; `recorder` kineto (CUDA needs it) or clock (the CPU default)."""
+    recorder = recorder or ("clock" if device.type == "cpu" else "kineto")
+    if recorder == "clock":
+        if device.type != "cpu":
+            raise AttributionError("the clock recorder times host ranges only; a CUDA step needs kineto")
+        return _clocked(fn)
+    if recorder != "kineto":
+        raise AttributionError(f"recorder {recorder!r}: expected kineto or clock")
+    from torch._C._profiler import ProfilerActivity, RecordScope
+    from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+
+    activities = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if device.type == "cuda" else set())
+    config = _config()
+    previous = scopes.set_mode("kineto")
+    try:
+        _prepare_profiler(config, activities)
+        _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
+        try:
+            with scopes.marker(scopes.RUN):
+                out = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        finally:
+            result = _disable_profiler()
+    finally:
+        scopes.set_mode(previous)
+    return out, _trace(result.events())
+
+
+def _clocked(fn) -> tuple[object, Trace]:
+    previous = scopes.set_mode("clock")
+    try:
+        with scopes.marker(scopes.RUN):
+            out = fn()
+        log = scopes.clock_log()
+    finally:
+        scopes.set_mode(previous)
+    return out, Trace(ranges=ranges_of_log(log))
+
+
+def ranges_of_log(log: list[tuple[str | None, int]]) -> list[dict]:
+    """The clock log's enters and exits (nanoseconds) as ranges (microseconds), like a trace's."""
+    ranges, open_ = [], []
+    for name, t in log:
+        if name is not None:
+            open_.append((name, t))
+            continue
+        if not open_:
+            raise AttributionError("clock log: a range closed that never opened")
+        name, start = open_.pop()
+        ranges.append({"id": len(ranges) + 1, "name": name, "start": start / 1e3, "end": t / 1e3, "thread": 0})
+    if open_:
+        raise AttributionError(f"clock log: {len(open_)} range(s) never closed, the first {open_[0][0]!r}")
+    return ranges
+
+
+def _trace(events) -> Trace:
+    from torch._C._autograd import DeviceType
+
+    t = Trace()
+    for e in events:
+        row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
+        if e.device_type() != DeviceType.CPU:
+            if e.activity_type() in DEVICE_WORK:
+                t.device.append({**row, "link": e.linked_correlation_id()})
+        elif e.linked_correlation_id() > 0:  # a runtime call (cudaLaunchKernel), linked to its range
+            t.launches.append({**row, "link": e.linked_correlation_id()})
+        else:
+            t.ranges.append({**row, "id": e.correlation_id(), "thread": e.start_thread_id()})
+    return t
+
+
+def window(trace: Trace) -> tuple[float, float]:
+    runs = [r for r in trace.ranges if r["name"] == scopes.RUN]
+    if len(runs) != 1:
+        raise AttributionError(f"trace: expected one {scopes.RUN!r} range, found {len(runs)}")
+    return runs[0]["start"], runs[0]["end"]
+
+
+def _range_part(name: str) -> str | None:
+    return scopes.part_of_range(name) or (OTHER if name == scopes.FORWARD else None)
+
+
+def host_parts(trace: Trace) -> dict[str, float]:
+    """cpu: microseconds per part (+ `host`) of the window, from the ranges of the thread that ran it."""
+    lo, hi = window(trace)
+    thread = next(r["thread"] for r in trace.ranges if r["name"] == scopes.RUN)
+    spans = [Span(part, r["start"], r["end"]) for r in trace.ranges
+             if r["thread"] == thread and (part := _range_part(r["name"])) is not None]
+    return host_split(spans, (lo, hi), GAP["cpu"])
+
+
+def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = None) -> dict[str, float]:
+    """cuda: microseconds per part (+ `idle`) of the window, from the device activities.
+
+    `eager_step`: (names, parts) of one eager decode step's activities in launch order, for the
+    steps that replayed a CUDA graph (see `eager_step_parts`); None when the decode ran eagerly."""
+    lo, hi = window(trace)
+    by_id = {r["id"]: r for r in trace.ranges}
+    replays = _graph_replays(trace)
+    if replays and eager_step is None:
+        raise AttributionError("trace: CUDA graph replays found but no eager step to map their kernels to")
+    spans, replayed = [], {}
+    for a in trace.device:
+        if a["link"] in replays:
+            replayed.setdefault(a["link"], []).append(a)
+            continue
+        linked = by_id.get(a["link"])
+        part = _range_part(linked["name"]) if linked else None
+        spans.append(Span(part or OTHER, a["start"], a["end"]))
+    for link, acts in replayed.items():
+        spans += _map_replay(sorted(acts, key=lambda a: a["start"]), *eager_step)
+    missing = set(replays) - set(replayed)
+    if missing:
+        raise AttributionError(f"trace: {len(missing)} CUDA graph replay(s) left no kernel in the trace: this "
+                               f"profiler does not see inside graphs here; run with --eager")
+    return device_split(spans, (lo, hi), GAP["cuda"])
+
+
+def _graph_replays(trace: Trace) -> set[int]:
+    """Ids of the ranges a CUDA graph was launched from."""
+    return {c["link"] for c in trace.launches if c["name"].startswith("cudaGraphLaunch")}
+
+
+def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Span]:
+    if len(acts) != len(names):
+        raise AttributionError(f"trace: a CUDA graph replay ran {len(acts)} device activities, the eager step of "
+                               f"its bucket {len(names)}: the parts cannot be matched; run with --eager")
+    for i, (a, name) in enumerate(zip(acts, names)):
+        if a["name"] != name:
+            raise AttributionError(f"trace: activity {i} of a CUDA graph replay is {a['name'][:80]!r}, the eager "
+                                   f"step's is {name[:80]!r}: the parts cannot be matched; run with --eager")
+    return [Span(p, a["start"], a["end"]) for a, p in zip(acts, parts)]
+
+
+def eager_step_parts(trace: Trace) -> tuple[list[str], list[str]]:
+    """(names, parts) of the device activities launched inside the one forward of `trace`, in
+    launch order: what a graph of that step replays."""
+    forwards = [r for r in trace.ranges if r["name"] == scopes.FORWARD]
+    if len(forwards) != 1:
+        raise AttributionError(f"eager step: expected one {scopes.FORWARD!r} range, found {len(forwards)}")
+    lo, hi = forwards[0]["start"], forwards[0]["end"]
+    by_id = {r["id"]: r for r in trace.ranges}
+    names, parts = [], []
+    for a in sorted(trace.device, key=lambda a: a["start"]):
+        linked = by_id.get(a["link"])
+        if linked is None or not lo <= linked["start"] <= hi:
+            continue  # launched outside the forward (the inputs' copies): not in the graph
+        names.append(a["name"])
+        parts.append(_range_part(linked["name"]) or OTHER)
+    return names, parts

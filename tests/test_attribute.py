@@ -1,0 +1,202 @@
+"""`engine attribute` on the CPU with the tiny checkpoint: the scopes cost nothing when off, every
+part is measured and the parts partition the profiled step, a slowdown injected into one part shows
+up in that part and no other, and the command's output and usage errors. Never a wall time."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from engine import scopes
+from engine.attribution.measure import attribute_arm
+from engine.attribution.traffic import bytes_per_part, read_bandwidth
+from engine.cli import _register_all, app
+from engine.commands.bench import synthetic_prompts
+from engine.engine import Engine
+from engine.model.norm import RMSNorm
+from engine_oracle import tiny
+
+_register_all()
+SLEEP_S = 0.002  # per RMSNorm call: ~11 calls a decode step on the tiny checkpoint, ~22 ms a step
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a shared 2-core box a second thread makes every op wait for a busy core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _engine(batch=1):
+    eng = Engine(tiny(), max_num_seqs=batch, max_model_len=64)
+    return eng, synthetic_prompts(batch, 5, eng.model.config.vocab_size, seed=0)
+
+
+def _op_names(eng, prompts) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        eng.generate(prompts, 3)
+    return [e.name for e in prof.events()]
+
+
+def test_scopes_off_record_nothing_and_on_add_only_their_ranges():
+    eng, prompts = _engine()
+    eng.generate(prompts, 3)
+    assert not scopes.enabled()
+    off = _op_names(eng, prompts)
+    assert not [n for n in off if n.startswith((scopes.PREFIX, "regate:", "profiler::"))]
+    previous = scopes.set_mode("kineto")
+    try:
+        on = _op_names(eng, prompts)
+    finally:
+        scopes.set_mode(previous)
+    ranges = {n for n in on if n.startswith((scopes.PREFIX, "regate:"))}
+    assert ranges == {scopes.PREFIX + p for p in scopes.PARTS} | {scopes.FORWARD}
+    assert [n for n in on if not n.startswith((scopes.PREFIX, "regate:", "profiler::"))] == off
+
+
+def _innermost_open_range() -> str | None:
+    open_ = []
+    for name, _ in scopes.clock_log():
+        if name is None:
+            open_.pop()
+        else:
+            open_.append(name)
+    return open_[-1] if open_ else None
+
+
+def test_every_gemm_runs_inside_the_part_its_weight_bytes_are_booked_to(monkeypatch):
+    from engine.linear import DenseLinear, Nvfp4Linear
+
+    seen: dict[str, set] = {}
+    for cls in (DenseLinear, Nvfp4Linear):
+        def spy(self, x, _original=cls.__call__):
+            seen.setdefault(self.name, set()).add((self.role, _innermost_open_range()))
+            return _original(self, x)
+        monkeypatch.setattr(cls, "__call__", spy)
+    for arm in ("packed", "dequant"):
+        eng = Engine(tiny(), lm_head=arm, max_num_seqs=1, max_model_len=16)
+        previous = scopes.set_mode("clock")
+        try:
+            eng.generate([[1, 2, 3]], 3)
+        finally:
+            scopes.set_mode(previous)
+        assert len(seen) == 3 * 8 + 7 + 1  # 3 Gated DeltaNet layers x 8 projections, 1 attention layer x 7, the head
+        for name, calls in seen.items():
+            (role, inside), = calls
+            assert inside == scopes.PREFIX + scopes.linear_part(name, role), (arm, name, inside)
+        seen.clear()
+
+
+def _per_step_calls(eng, prompts, method) -> float:
+    calls = []
+    for n in (4, 6):
+        method.calls = 0
+        eng.generate(prompts, n)
+        calls.append(method.calls)
+    return (calls[1] - calls[0]) / 2
+
+
+def test_an_injected_slowdown_shows_in_its_part_and_no_other(monkeypatch, one_thread):
+    eng, prompts = _engine()
+    base = attribute_arm(eng, prompts, (3, 11), iters=3, warmup=1)
+    original = RMSNorm.__call__
+
+    def slow_norm(self, x):  # extra work inside the norm's own part
+        slow_norm.calls += 1
+        with scopes.scope("norm"):
+            time.sleep(SLEEP_S)
+            return original(self, x)
+    slow_norm.calls = 0
+    monkeypatch.setattr(RMSNorm, "__call__", slow_norm)
+    expected_ms = _per_step_calls(eng, prompts, slow_norm) * SLEEP_S * 1e3
+    assert expected_ms >= 10 * SLEEP_S * 1e3  # 11 norms a step: the injection dominates the step
+    slow = attribute_arm(eng, prompts, (3, 11), iters=3, warmup=0)
+    before, after = ({p["name"]: p["ms_per_step"] for p in r["parts"]} for r in (base, slow))
+    assert set(before) == set(after)
+    growth = after["norm"] - before["norm"]
+    assert 0.9 * expected_ms < growth < 1.5 * expected_ms  # a sleep never undershoots; a busy box oversleeps
+    for name in set(before) - {"norm"}:
+        assert abs(after[name] - before[name]) < 0.2 * growth, (name, before[name], after[name], growth)
+    # The step timed without the profiler grew by the same amount: the profile closes on it.
+    assert abs(slow["closure"] - 1) < 0.2, slow["closure"]
+
+
+def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_thread):
+    eng, prompts = _engine(batch=2)
+    r = attribute_arm(eng, prompts, (3, 11), iters=2, warmup=0)
+    names = [p["name"] for p in r["parts"]]
+    assert names == [*scopes.PARTS, "other", "host"]
+    total = sum(p["ms_per_step"] for p in r["parts"])
+    assert total == pytest.approx(r["profiled_ms_per_step"], rel=1e-9) == r["sum_of_parts_ms_per_step"]
+    assert r["closure"] == pytest.approx(total / r["total_ms_per_step"], rel=1e-12)
+    assert r["profiler_overhead"] == pytest.approx(r["profiled_ms_per_step"] / r["total_ms_per_step"] - 1)
+    weights = bytes_per_part(eng.residency())
+    assert set(weights) == {"lm_head", *scopes.TOWER_FAMILIES}
+    assert sum(weights.values()) == eng.residency()["totals"]["bytes_per_decode_step"] == r["weight_bytes_per_step"]
+    for p in r["parts"]:
+        assert p.get("bytes_per_step") == weights.get(p["name"]), p
+    assert r["steps"] == 8 and r["batch"] == 2 and len(r["walls_ms"]["11"]) == 2 and r["decode"] == "cpu"
+
+
+def test_the_kineto_recorder_sees_the_same_parts_on_the_cpu():
+    """The recorder CUDA uses, run on the CPU: the same ranges, partitioning its window exactly."""
+    from engine.attribution import capture
+
+    eng, prompts = _engine()
+    _, trace = capture.profiled(lambda: eng.generate(prompts, 3), eng.device, recorder="kineto")
+    parts = capture.host_parts(trace)
+    lo, hi = capture.window(trace)
+    assert set(parts) == {*scopes.PARTS, "other", "host"}
+    assert sum(parts.values()) == pytest.approx(hi - lo, rel=1e-9)
+    with pytest.raises(capture.AttributionError, match="recorder 'nvtx': expected kineto or clock"):
+        capture.profiled(lambda: None, eng.device, recorder="nvtx")
+    assert not scopes.enabled()
+
+
+def test_read_bandwidth_is_measured_here():
+    bw = read_bandwidth(torch.device("cpu"), nbytes=16 * 2**20, repeats=2)
+    assert bw["gb_s"] == pytest.approx(bw["bytes"] / bw["best_s"] / 1e9) and bw["gb_s"] > 0
+    assert "measured by this command" in bw["method"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lengths", "136,8"], "--lengths: expected two increasing integers >= 2 (short,long), found '136,8'"),
+    (["--lengths", "1,8"], "--lengths: expected two increasing integers >= 2"),
+    (["--lengths", "8"], "--lengths: expected two increasing integers >= 2"),
+    (["--lengths", "8,x"], "--lengths: expected two comma-separated integers like 8,136, found '8,x'"),
+    (["--batch", "0"], "--batch: expected an integer >= 1, found 0"),
+    (["--iters", "0"], "--iters: expected an integer >= 1, found 0"),
+    (["--backend", "rocm"], "--backend: expected cpu or cuda, found 'rocm'"),
+    (["--lm-head", "fp8"], "--lm-head: expected one of packed, dequant, found 'fp8'"),
+])
+def test_usage_errors_exit_2_naming_the_option(args, needle):
+    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), *args])
+    assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def test_compare_prints_one_json_line_with_both_arms_and_their_difference():
+    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), "--compare", "--lengths", "3,5", "--iters",
+                                   "1", "--warmup", "0", "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.stdout.strip().splitlines() if ln.startswith("{")]
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert r["kind"] == "attribution" and r["schema_version"] == 1 and set(r["arms"]) == {"packed", "dequant"}
+    assert r["bandwidth"]["gb_s"] > 0 and r["params"]["torch_threads"] == 1
+    for arm in r["arms"].values():
+        assert {"parts", "total_ms_per_step", "closure", "profiler_overhead", "box_read_gb_s"} <= set(arm)
+        assert {"name", "ms_per_step", "share", "spread_ms"} <= set(arm["parts"][0])
+    d = r["difference"]
+    assert (d["a"], d["b"]) == ("packed", "dequant")
+    assert [p["name"] for p in d["parts"]] == [p["name"] for p in r["arms"]["packed"]["parts"]]
+    lm = next(p for p in d["parts"] if p["name"] == "lm_head")
+    assert lm["delta_ms"] == pytest.approx(lm["a_ms"] - lm["b_ms"])
+    assert all(p["noise_ms"] is None and p["beyond_noise"] is None for p in d["parts"])  # one run: no band
+    assert "difference packed - dequant" in res.stderr and "closure" in res.stderr

@@ -1,0 +1,109 @@
+"""The timeline rules of `engine attribute` on hand-built traces: host ranges (innermost wins, the
+uncovered rest is the gap), device activities (overlaps shared, idle is the gap), kernels booked by
+their launch's range, and CUDA-graph replays matched to an eager step or refused."""
+from __future__ import annotations
+
+import pytest
+
+from engine import scopes
+from engine.attribution.capture import AttributionError, Trace, device_parts, eager_step_parts, host_parts
+from engine.attribution.timeline import Span, device_split, host_split
+
+
+def test_host_ranges_innermost_wins_and_the_rest_is_the_gap():
+    ranges = [Span("forward", 10, 90), Span("norm", 12, 20), Span("lm_head", 30, 60), Span("sample", 70, 75),
+              Span("norm", 80, 85)]
+    out = host_split(ranges, (0, 100), "host")
+    assert out == {"host": 10 + 10, "forward": 2 + 10 + 10 + 5 + 5, "norm": 8 + 5, "lm_head": 30, "sample": 5}
+    assert sum(out.values()) == 100  # a partition of the window
+
+
+def test_host_ranges_are_clipped_to_the_window_and_must_nest():
+    assert host_split([Span("a", -5, 5), Span("b", 8, 20)], (0, 10), "gap") == {"gap": 3, "a": 5, "b": 2}
+    with pytest.raises(ValueError, match="'b' .* crosses the end of 'a'"):
+        host_split([Span("a", 0, 10), Span("b", 5, 15)], (0, 20), "gap")
+
+
+def test_device_overlaps_are_shared_and_idle_is_measured():
+    acts = [Span("tower.down", 0, 10), Span("lm_head", 5, 15), Span("norm", 20, 22)]
+    out = device_split(acts, (0, 30), "idle")
+    assert out == {"tower.down": 5 + 2.5, "lm_head": 2.5 + 5, "norm": 2, "idle": 8 + 5}
+    assert sum(out.values()) == 30
+    assert device_split([], (0, 7), "idle") == {"idle": 7}
+
+
+def _rng(i, name, start, end, thread=1):
+    return {"id": i, "name": name, "start": start, "end": end, "thread": thread}
+
+
+def _trace_with_launches():
+    t = Trace()
+    t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 80), _rng(3, "part:norm", 12, 20),
+                _rng(4, "part:lm_head", 40, 60), _rng(5, "some.other.annotation", 62, 64)]
+    t.device = [{"name": "rms", "start": 15, "end": 25, "link": 3},
+                {"name": "gemm", "start": 45, "end": 75, "link": 4},
+                {"name": "add", "start": 76, "end": 78, "link": 2},  # launched in the forward, outside parts
+                {"name": "copy", "start": 5, "end": 8, "link": 1},  # launched outside the forward
+                {"name": "misc", "start": 79, "end": 80, "link": 5},  # under a range that is not ours
+                {"name": "late", "start": 95, "end": 120, "link": 4}]  # clipped at the window's end
+    return t
+
+
+def test_kernels_are_booked_to_the_range_they_were_launched_from():
+    out = device_parts(_trace_with_launches())
+    assert out == {"norm": 10, "lm_head": 30 + 5, "other": 2 + 3 + 1, "idle": 100 - 10 - 35 - 6}
+    assert sum(out.values()) == 100
+
+
+def test_host_parts_read_the_runs_thread_only():
+    t = _trace_with_launches()
+    t.ranges.append(_rng(9, "part:attention", 0, 100, thread=2))  # another thread's range is not this step's
+    out = host_parts(t)
+    assert out == {"host": 10 + 20, "other": 70 - 8 - 20, "norm": 8, "lm_head": 20}  # the foreign range: other
+
+
+def _graph_trace(kernels_per_replay):
+    t = Trace()
+    t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 40), _rng(3, scopes.FORWARD, 50, 80)]
+    t.launches = [{"name": "cudaGraphLaunch", "start": 11, "end": 12, "link": 2},
+                  {"name": "cudaGraphLaunch_v10000", "start": 51, "end": 52, "link": 3}]
+    for link, base in ((2, 12), (3, 52)):
+        for i, name in enumerate(kernels_per_replay):
+            t.device.append({"name": name, "start": base + 5 * i, "end": base + 5 * i + 4, "link": link})
+    return t
+
+
+def _eager_trace():
+    t = Trace()
+    t.ranges = [_rng(1, scopes.RUN, 0, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
+                _rng(4, "part:lm_head", 20, 30)]
+    t.device = [{"name": "h2d", "start": 1, "end": 2, "link": 1},  # the inputs' copy: not in the graph
+                {"name": "rms", "start": 7, "end": 9, "link": 3}, {"name": "add", "start": 12, "end": 13, "link": 2},
+                {"name": "gemm", "start": 21, "end": 29, "link": 4}]
+    return t
+
+
+def test_graph_replays_take_the_parts_of_the_eager_step_in_launch_order():
+    eager = eager_step_parts(_eager_trace())
+    assert eager == (["rms", "add", "gemm"], ["norm", "other", "lm_head"])
+    out = device_parts(_graph_trace(["rms", "add", "gemm"]), eager)
+    assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}
+
+
+def test_graph_replays_that_differ_from_the_eager_step_are_refused():
+    eager = eager_step_parts(_eager_trace())
+    with pytest.raises(AttributionError, match="ran 2 device activities, the eager step of its bucket 3"):
+        device_parts(_graph_trace(["rms", "gemm"]), eager)
+    with pytest.raises(AttributionError, match="activity 1 of a CUDA graph replay is 'mul'"):
+        device_parts(_graph_trace(["rms", "mul", "gemm"]), eager)
+    with pytest.raises(AttributionError, match="no eager step"):
+        device_parts(_graph_trace(["rms", "add", "gemm"]), None)
+    with pytest.raises(AttributionError, match="left no kernel in the trace.*--eager"):
+        device_parts(_graph_trace([]), eager)
+
+
+def test_a_trace_without_exactly_one_run_window_is_refused():
+    t = _trace_with_launches()
+    t.ranges = [r for r in t.ranges if r["name"] != scopes.RUN]
+    with pytest.raises(AttributionError, match="expected one 'regate:run' range, found 0"):
+        device_parts(t)
