@@ -76,13 +76,14 @@ PY
 
 stage_serve() {
   install_wheels && clone || return 1
-  local box grid=${SERVE_GRID:-cuda_smoke}; box=$(hostname | cut -d. -f1)
+  local box grid=${SERVE_GRID:-cuda_smoke} markers=${SERVE_MARKERS:-'["packed NVFP4 W4A16 GEMM: ENABLED"]'}
+  box=$(hostname | cut -d. -f1)
   mkdir -p "$CLONE/.regate"
   cat > "$CLONE/.regate/serve.yaml" <<Y
 db_path: $CLONE/.regate/regate.db
 reports_dir: $CLONE/.regate/reports
 boxes:
-  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SERVE_GPUS:-1}, required_markers: ${SERVE_MARKERS:-["packed NVFP4 W4A16 GEMM: ENABLED"]}}
+  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SERVE_GPUS:-1}, required_markers: $markers}
 schedules:
   - {id: every-minute-$grid, cron: "* * * * *", rev: HEAD, grid: $grid, box: $box}
 Y
