@@ -6,10 +6,11 @@ the grid's result, and the report says which attribution is missing and why.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+
+from grids.jsonline import last_json_object
 
 SCHEMA_VERSION = 1
 TAIL = 2000
@@ -68,14 +69,7 @@ def run_attribute(launcher, args: list[str], timeout_s: float, where: str) -> di
 
 def parse_attribute(stdout: str, where: str) -> dict:
     """The last JSON line of `engine attribute --json`, checked against its contract."""
-    record = None
-    for line in reversed(stdout.splitlines()):
-        if line.strip().startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            break
+    record = last_json_object(stdout)
     if not isinstance(record, dict):
         raise AttributeRunError(f"{where}: printed no JSON line; stdout tail:\n{stdout[-TAIL:] or '(empty)'}")
     if record.get("schema_version") != SCHEMA_VERSION or record.get("kind") != "attribution":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grids import attribution
+from grids.jsonline import last_json_object
 from grids.spec import Arm, Cell, GridSpec
 from grids.verdict import MIN_CLAIM_LEGS, judge
 
@@ -87,14 +88,7 @@ def run_bench(launcher: BenchLauncher, args: list[str], timeout_s: float, where:
 
 def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
     """The last JSON object line of a bench's stdout, checked against the bench contract."""
-    record = None
-    for line in reversed(stdout.splitlines()):
-        if line.strip().startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            break
+    record = last_json_object(stdout)
     if not isinstance(record, dict):
         raise GridError(f"{where}: bench printed no JSON line; stdout tail:\n{_tail(stdout)}\n"
                         f"stderr tail:\n{_tail(stderr)}")
