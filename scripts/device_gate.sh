@@ -17,6 +17,8 @@
 #            SERVE_MARKERS='[]' bash scripts/device_gate.sh serve
 #   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite)
 #   cudatest every cuda-marked test of tests/
+#   attribute `engine attribute --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
+#            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
 # stop the next one.
 set -uo pipefail
@@ -135,6 +137,21 @@ print('$s', r['tests_passed'], '/', r['tests_total'], 'tests', r['checks_passed'
 stage_cudatest() {
   install_wheels || return 1
   PYTHONPATH=/tmp/site:$PWD $PY -m pytest -q -p no:cacheprovider -m cuda tests/ -rs
+}
+
+stage_attribute() {
+  mkdir -p "$OUT/attribute"
+  local L B ck
+  for L in ${ATTR_LAYERS:-8 64}; do
+    ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+    for B in ${ATTR_BATCHES:-1 16}; do
+      echo "-- 27b-${L}L batch $B"
+      PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m engine.cli attribute --model "$ck" --backend cuda \
+        --compare --lengths "${ATTR_LENGTHS:-8,136}" --batch "$B" --iters "${ATTR_ITERS:-3}" --json \
+        > "$OUT/attribute/27b-${L}L-b$B.json" 2> "$OUT/attribute/27b-${L}L-b$B.txt"
+      echo "rc=$?"; cat "$OUT/attribute/27b-${L}L-b$B.txt" | tail -60
+    done
+  done
 }
 
 for s in "$@"; do
