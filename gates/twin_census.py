@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 
 from gates.manifest import Suite, load_manifest
-from gates.mutate import run_suite
 from gates.suites.twin import ENV_TWIN
+from orchestrator.box.mutate import run_suite
+from orchestrator.box.tree import Tree
 
 
 def twin_counts(root: str | Path, suite: Suite, python: str = sys.executable) -> tuple[int, int]:
     """(tests executed, checks executed) of `suite` run as its census twin in `root`."""
-    run = run_suite(Path(root), suite, (), python, extra_env={ENV_TWIN: "1"})
+    run = run_suite(Tree(Path(root), python=python), suite, env={ENV_TWIN: "1"})
     if run.get("timed_out") or "record" not in run:
         raise RuntimeError(f"suite {suite.name}: the census twin did not finish: {run.get('detail')}")
     rec = run["record"]

@@ -6,25 +6,10 @@ the grid's result, and the report says which attribution is missing and why.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from grids.jsonline import last_json_object
 
 SCHEMA_VERSION = 1
 TAIL = 2000
-
-
-def launcher_for(bench_launcher):
-    """The attribution launcher beside a bench launcher: same interpreter, tree and env; the
-    `engine bench` subcommand swapped for `engine attribute`."""
-    from grids.runner import BenchLauncher
-
-    cmd = tuple(bench_launcher.command)
-    command = (*cmd[:-1], "attribute") if cmd and cmd[-1] == "bench" else (sys.executable, "-m", "engine.cli",
-                                                                            "attribute")
-    return BenchLauncher(command=command, cwd=bench_launcher.cwd, env=dict(bench_launcher.env))
 
 
 def attribute_args(spec, cell, arm, model_dir: str) -> list[str]:
@@ -34,14 +19,15 @@ def attribute_args(spec, cell, arm, model_dir: str) -> list[str]:
             *arm.extra_args, "--json"]
 
 
-def attribute_cell(spec, launcher, index: int, model_dir: str) -> dict:
-    """{"lengths", "iters", "arms": {arm: attribute JSON}, "errors": {arm: why}} of one cell."""
+def attribute_cell(spec, attribute, index: int, model_dir: str) -> dict:
+    """{"lengths", "iters", "arms": {arm: attribute JSON}, "errors": {arm: why}} of one cell;
+    `attribute` is a grids.runner.Run: one `engine attribute` process per call."""
     cell = spec.cells[index]
     out = {"lengths": list(spec.attribute.lengths), "iters": spec.attribute.iters, "arms": {}, "errors": {}}
     for arm in spec.arms:
         where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, attribution"
         try:
-            out["arms"][arm.name] = run_attribute(launcher, attribute_args(spec, cell, arm, model_dir),
+            out["arms"][arm.name] = run_attribute(attribute, attribute_args(spec, cell, arm, model_dir),
                                                   spec.timeout_s, where)
         except AttributeRunError as e:
             out["errors"][arm.name] = str(e)
@@ -52,19 +38,12 @@ class AttributeRunError(RuntimeError):
     """An `engine attribute` process that failed or printed no usable JSON; names cell and arm."""
 
 
-def run_attribute(launcher, args: list[str], timeout_s: float, where: str) -> dict:
-    cmd = [*launcher.command, *args]
+def run_attribute(attribute, args: list[str], timeout_s: float, where: str) -> dict:
     try:
-        proc = subprocess.run(cmd, cwd=launcher.cwd, env={**os.environ, **launcher.env}, capture_output=True,
-                              text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise AttributeRunError(f"{where}: ran past {timeout_s:g} s: {' '.join(cmd)}") from None
-    except OSError as e:
-        raise AttributeRunError(f"{where}: cannot start {cmd[0]!r}: {e.strerror}") from None
-    if proc.returncode != 0:
-        raise AttributeRunError(f"{where}: exited {proc.returncode}: {' '.join(cmd)}\n"
-                                f"stderr tail:\n{(proc.stderr or '')[-TAIL:] or '(empty)'}")
-    return parse_attribute(proc.stdout, where)
+        output = attribute(args, timeout_s)
+    except Exception as e:  # the process edge: kept as this arm's error, in its own words
+        raise AttributeRunError(f"{where}: {e}") from None
+    return parse_attribute(output, where)
 
 
 def parse_attribute(stdout: str, where: str) -> dict:

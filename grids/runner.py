@@ -6,20 +6,20 @@ inherits the other's allocator, caches or compiled kernels. Every bench JSON is 
 the tokens/s the verdict uses. After each leg the cell's verdict is recomputed; with
 `until_binding` legs are added to the cells that are not yet binding, up to `max_legs`.
 
-Subprocesses are the edge here: `BenchLauncher` says how to start one (command, cwd, env) so the
-orchestrator can point it at a fresh tree and tests at a fake bench script.
+Processes are not this module's business: the caller passes `bench` (run one bench process with these
+arguments, return its output) and `checkpoint` (the model directory for a cell's checkpoint parameters).
+The orchestrator's are the head's tree runner and the head's own checkpoint cache
+(`orchestrator.box.grid`); a test's may be a fake script or a plain function.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,9 @@ class GridError(RuntimeError):
     """A bench process that failed or said something unusable; names the cell, arm and leg."""
 
 
-@dataclass(frozen=True)
-class BenchLauncher:
-    """How to start one `engine bench` process: the argv prefix, working directory and extra env."""
-    command: tuple[str, ...] = (sys.executable, "-m", "engine.cli", "bench")
-    cwd: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+# One fresh process: (its arguments, timeout in s) -> its output. Raises, saying why, when it fails.
+Run = Callable[[list[str], float], str]
+Checkpoint = Callable[..., "str | Path"]  # cached_checkpoint's parameters -> the model directory
 
 
 @dataclass(frozen=True)
@@ -68,22 +65,13 @@ def bench_args(spec: GridSpec, cell: Cell, arm: Arm, model_dir: str) -> list[str
             "--warmup", str(spec.warmup), *arm.extra_args, "--json"]
 
 
-def run_bench(launcher: BenchLauncher, args: list[str], timeout_s: float, where: str) -> dict:
+def run_bench(bench: Run, args: list[str], timeout_s: float, where: str) -> dict:
     """Run one bench process and return its JSON record; any failure raises GridError(where ...)."""
-    cmd = [*launcher.command, *args]
-    env = {**os.environ, **launcher.env}
     try:
-        proc = subprocess.run(cmd, cwd=launcher.cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        raise GridError(f"{where}: bench ran past {timeout_s:g} s: {' '.join(cmd)}\n"
-                        f"stderr tail:\n{_tail(e.stderr)}") from e
-    except OSError as e:
-        raise GridError(f"{where}: cannot start bench {cmd[0]!r}: {e.strerror}") from e
-    if proc.returncode != 0:
-        raise GridError(f"{where}: bench exited {proc.returncode}: {' '.join(cmd)}\n"
-                        f"stderr tail:\n{_tail(proc.stderr)}")
-    return parse_bench(proc.stdout, where, proc.stderr)
+        output = bench(args, timeout_s)
+    except Exception as e:  # the process edge: name the cell, arm and leg, keep its words
+        raise GridError(f"{where}: bench {e}") from e
+    return parse_bench(output, where)
 
 
 def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
@@ -112,38 +100,33 @@ def _tail(text: str | bytes | None) -> str:
     return (text or "")[-STDERR_TAIL:] or "(empty)"
 
 
-def _default_checkpoint(**params) -> Path:
-    from engine.ckpt_cache import cached_checkpoint  # the engine stays out of verdict-only imports
-    return cached_checkpoint(**params)
-
-
-def run_grid(spec: GridSpec, *, until_binding: bool = False, max_legs: int | None = None,
-             launcher: BenchLauncher | None = None,
-             checkpoint: Callable[..., Path] = _default_checkpoint,
+def run_grid(spec: GridSpec, *, bench: Run, checkpoint: Checkpoint, attribute: Run | None = None,
+             until_binding: bool = False, max_legs: int | None = None,
              progress: Callable[[Progress], None] | None = None,
-             out: str | Path | None = None, attribute_launcher: BenchLauncher | None = None) -> dict:
+             out: str | Path | None = None, bench_command: Sequence[str] = ()) -> dict:
     """Run the grid and return its result (see docs/GRIDS.md); `out` is rewritten atomically
     after every leg, so an interrupted grid keeps the legs it finished (`complete: false`).
-    With the spec's `attribute`, each cell then gets one `engine attribute` per arm
-    (`attribute_launcher`, by default the bench launcher's own engine: grids.attribution)."""
-    launcher = launcher or BenchLauncher()
+    With the spec's `attribute`, each cell then gets one `attribute` run per arm (grids.attribution).
+    `bench_command` is recorded as what `bench` runs."""
     cap = max_legs if max_legs is not None else spec.max_legs
     if cap < 1:
         raise GridError(f"max_legs: expected an integer >= 1, found {cap!r}")
     if until_binding:
         refuse_unbindable(spec.legs, cap, spec.source)
-    result = _empty_result(spec, launcher, until_binding, cap)
+    if spec.attribute is not None and attribute is None:
+        raise GridError(f"{spec.source}: the spec asks for attribution, and no attribute runner was given")
+    result = _empty_result(spec, bench_command, until_binding, cap)
     for i, cell in enumerate(spec.cells):
         result["cells"].append(_empty_cell(spec, cell, _model_dir(spec, i, checkpoint)))
     leg = 0
     while active := _cells_needing_a_leg(spec, result["cells"], leg, until_binding, cap):
         for i in active:
-            _run_leg(spec, launcher, i, result["cells"][i], leg, progress)
+            _run_leg(spec, bench, i, result["cells"][i], leg, progress)
         leg += 1
         if out is not None:
             write_json_atomic(out, result)
     if spec.attribute is not None:
-        _attribute_cells(spec, attribute_launcher or attribution.launcher_for(launcher), result, out)
+        _attribute_cells(spec, attribute, result, out)
     result["complete"], result["finished_at"] = True, _now()
     if out is not None:
         write_json_atomic(out, result)
@@ -159,14 +142,14 @@ def refuse_unbindable(legs: int, cap: int, source: str) -> None:
                             f"{MIN_CLAIM_LEGS} needed); --until-binding refuses it")
 
 
-def _attribute_cells(spec: GridSpec, launcher: BenchLauncher, result: dict, out: str | Path | None) -> None:
+def _attribute_cells(spec: GridSpec, attribute: Run, result: dict, out: str | Path | None) -> None:
     for i, record in enumerate(result["cells"]):
-        record["attribution"] = attribution.attribute_cell(spec, launcher, i, record["model_dir"])
+        record["attribution"] = attribution.attribute_cell(spec, attribute, i, record["model_dir"])
         if out is not None:
             write_json_atomic(out, result)
 
 
-def _model_dir(spec: GridSpec, index: int, checkpoint: Callable[..., Path]) -> str:
+def _model_dir(spec: GridSpec, index: int, checkpoint: Checkpoint) -> str:
     params = spec.cells[index].checkpoint.params()
     try:
         return str(checkpoint(**params))
@@ -186,20 +169,19 @@ def _cells_needing_a_leg(spec: GridSpec, cells: list[dict], leg: int, until_bind
     return [i for i, c in enumerate(cells) if c["verdict"]["magnitude"]["state"] != "binding"]
 
 
-def _run_leg(spec: GridSpec, launcher: BenchLauncher, index: int, record: dict, leg: int,
+def _run_leg(spec: GridSpec, bench: Run, index: int, record: dict, leg: int,
              progress: Callable[[Progress], None] | None) -> None:
     cell = spec.cells[index]
     order = arm_order(spec.arms, leg)
     for arm in order:
         where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, leg {leg + 1}"
         started = time.perf_counter()
-        bench = run_bench(launcher, bench_args(spec, cell, arm, record["model_dir"]),
-                          spec.timeout_s, where)
-        record["arms"][arm.name]["legs"].append(float(bench["decode_tok_s"]))
-        record["arms"][arm.name]["raw"].append(bench)
+        got = run_bench(bench, bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
+        record["arms"][arm.name]["legs"].append(float(got["decode_tok_s"]))
+        record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))
         if progress:
-            progress(Progress(index, cell.label, leg + 1, arm.name, float(bench["decode_tok_s"]), None))
+            progress(Progress(index, cell.label, leg + 1, arm.name, float(got["decode_tok_s"]), None))
     record["orders"].append([arm.name for arm in order])
     policy = spec.policy
     record["verdict"] = judge({name: arm["legs"] for name, arm in record["arms"].items()},
@@ -208,12 +190,12 @@ def _run_leg(spec: GridSpec, launcher: BenchLauncher, index: int, record: dict, 
         progress(Progress(index, cell.label, leg + 1, None, None, record["verdict"]))
 
 
-def _empty_result(spec: GridSpec, launcher: BenchLauncher, until_binding: bool, cap: int) -> dict:
+def _empty_result(spec: GridSpec, bench_command: Sequence[str], until_binding: bool, cap: int) -> dict:
     return {"schema_version": SCHEMA_VERSION, "spec": spec.name, "source": spec.source,
             "policy": {"rule": spec.policy.rule, "alpha": spec.policy.alpha,
                        "tolerance": spec.policy.tolerance},
             "legs": spec.legs, "until_binding": until_binding, "max_legs": cap,
-            "warmup": spec.warmup, "iters": spec.iters, "bench_command": list(launcher.command),
+            "warmup": spec.warmup, "iters": spec.iters, "bench_command": list(bench_command),
             "started_at": _now(), "finished_at": None, "complete": False, "cells": []}
 
 

@@ -1,6 +1,6 @@
 """The job ledger: one SQLite (WAL) row per gate run, the run record of DESIGN.md stored whole as JSON.
 
-States: QUEUED -> RUNNING (box, Ray task id, heartbeat) -> PASSED | FAILED | ERROR | LOST. Only the head
+States: QUEUED -> RUNNING (box, Ray task id, heartbeat) -> PASSED | FAILED | ERROR | LOST. Only the driver
 writes here; a box never touches the database. A result lands in one transaction together with the
 owed ledger's sync, so a reader sees either the whole result or the job still running.
 """
@@ -121,7 +121,7 @@ def finish(conn: sqlite3.Connection, record: dict, sync=None) -> None:
 
 
 def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
-    """RUNNING/QUEUED rows whose head stopped beating (a killed head) become LOST. Returns their ids."""
+    """RUNNING/QUEUED rows whose driver stopped beating (a killed driver) become LOST. Returns their ids."""
     cutoff = time.time() - stale_s
     lost = []
     with transaction(conn):
@@ -130,7 +130,7 @@ def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
         for run_id, blob in rows:
             rec = json.loads(blob)
             rec.update(state="LOST", finished_at=utc_now(),
-                       error=f"no heartbeat from the head for over {stale_s:.0f} s: the head died mid-run")
+                       error=f"no heartbeat from the driver for over {stale_s:.0f} s: the driver died mid-run")
             conn.execute("UPDATE runs SET state='LOST', finished_at=?, record=? WHERE run_id=?",
                          (rec["finished_at"], json.dumps(rec), run_id))
             lost.append(run_id)

@@ -25,7 +25,7 @@ ckpt() { $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(p
 stage_setup() {
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  $PY -c 'import torch, triton, ray, filelock; print("torch", torch.__version__, "triton", triton.__version__, "ray", ray.__version__, "filelock", filelock.__version__)'
+  $PY -c 'import torch, triton, ray; print("torch", torch.__version__, "triton", triton.__version__, "ray", ray.__version__)'
   $PY -m engine.cli build
 }
 stage_cudatest() {

@@ -99,8 +99,8 @@ def main() -> None:
     if args.cmd == "shot":
         print(shot(args.html, args.out, height=args.height))
         return
-    from orchestrator.headline import shown_state
-    from orchestrator.report import render_run
+    from orchestrator.report.headline import shown_state
+    from orchestrator.report.render import render_run
 
     record = gpu_fixture_record()
     record["shown_state"] = shown_state(record)

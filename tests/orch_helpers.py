@@ -53,6 +53,20 @@ cells:
   - {batch: 1, prompt_len: 8, gen_len: 8}
 """
 
+# The head's own checkpoint cache, as a fake: a directory with a config.json beside the unpacked tree
+# (removed with it), so a grid's checkpoint is resolved by the head's engine as on a real box.
+STUB_CKPT_CACHE = '''\
+import json
+from pathlib import Path
+
+
+def cached_checkpoint(**params):
+    path = Path(__file__).resolve().parents[2] / "ckpt" / params["preset"]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(params))
+    return path
+'''
+
 PASSING_TEST = '''\
 def test_sum(check):
     check(1 + 1 == 2, "1 + 1")

@@ -14,9 +14,10 @@ from orch_helpers import ENGINE_CLI, FAKE_GRID
 
 from orchestrator import db
 from orchestrator.config import BoxConfig, Config
-from orchestrator.gate import finish_run, idempotency_key, merge_result, new_record
-from orchestrator.job import JobSpec, run_job
-from orchestrator.provenance import archive
+from orchestrator.driver.gate import finish_run, idempotency_key, new_record
+from orchestrator.driver.placement import merge_result
+from orchestrator.box.job import JobSpec, run_job
+from orchestrator.driver.provenance import archive
 
 FAKE_INFO = '''\
 if __name__ == "__main__" and sys.argv[1:2] == ["info"]:  # a fake info: one head, one tower weight

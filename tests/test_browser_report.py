@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 import pytest
 
 import report_records as rr
-from orchestrator.report import render_run
+from orchestrator.report.render import render_run
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it)")

@@ -1,4 +1,4 @@
-"""gates.mutate and `orchestrator mutate` on a toy tree: KILLED, SURVIVED (green, too few failures,
+"""orchestrator.box.mutate and `orchestrator mutate` on a toy tree: KILLED, SURVIVED (green, too few failures,
 baseline red), STALE; the tree given (and the user's repository) is never modified."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gates.mutate import run_pins
+from orchestrator.box.mutate import run_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ PINS = {
 def make_tree(root: Path) -> Path:
     (root / "gates" / "suites").mkdir(parents=True)
     (root / "gates" / "mutations").mkdir()
-    for f in ("__init__.py", "census.py", "manifest.py", "pins.py", "mutate.py"):
+    for f in ("__init__.py", "census.py", "manifest.py", "pins.py"):
         shutil.copy(ROOT / "gates" / f, root / "gates" / f)
     (root / "gates" / "gates.yaml").write_text(MANIFEST)
     (root / "gates" / "suites" / "test_toy.py").write_text(SUITE)

@@ -11,7 +11,8 @@ import torch
 
 from gates.census import census_verdict
 from gates.manifest import load_manifest
-from gates.mutate import KILLED, NOT_RUN, run_pins, run_suite
+from orchestrator.box.mutate import KILLED, NOT_RUN, run_pins, run_suite
+from orchestrator.box.tree import Tree
 from gates.pins import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".
 @pytest.mark.parametrize("name", CPU_SUITES)
 def test_cpu_suite_green_with_its_census(name):
     suite = MANIFEST.suite(name)
-    run = run_suite(ROOT, suite, (), sys.executable)
+    run = run_suite(Tree(ROOT), suite)
     assert not run.get("timed_out"), f"{name} timed out after {suite.timeout_s} s"
     state, reasons = census_verdict(run["record"], suite.census_tests, suite.census_checks)
     assert (state, reasons) == ("GREEN", []), run["detail"]
@@ -32,7 +33,7 @@ def test_cpu_suite_green_with_its_census(name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_cuda_suite_skips_cleanly_without_a_gpu():
     suite = MANIFEST.suite("packed_gemm")
-    run = run_suite(ROOT, suite, (), sys.executable)
+    run = run_suite(Tree(ROOT), suite)
     outcomes = {t["outcome"] for t in run["record"]["tests"].values()}
     assert outcomes == {"skipped"} and len(run["record"]["tests"]) == suite.census_tests
     assert run["record"]["collection_errors"] == 0
@@ -49,7 +50,7 @@ def test_a_weakened_copy_trips_the_census(tmp_path):
     assert line in text
     path.write_text(text.replace(line, ""))
     suite = MANIFEST.suite("paged_forward")
-    run = run_suite(tree, suite, (), sys.executable)
+    run = run_suite(Tree(tree), suite)
     record = run["record"]
     assert record["checks_passed"] == record["checks_total"] and run["failures"] == 0
     state, reasons = census_verdict(record, suite.census_tests, suite.census_checks)

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from grids.runner import BenchLauncher, GridError, arm_order, parse_bench, run_grid
+from grids.runner import GridError, arm_order, parse_bench, run_grid
 from grids.spec import parse_spec
+from orchestrator.box.grid import TreeCommand
+from orchestrator.box.tree import Tree
 
 FAKE = Path(__file__).with_name("grid_fake_bench.py")
 
@@ -23,6 +25,11 @@ def _spec(legs=3, max_legs=8, batches=(1,)):
     }, "fake.yaml")
 
 
+def _script(tmp_path: Path, script: Path) -> TreeCommand:
+    """A fake bench (or attribute) script, one fresh process per call, as the tree runner starts them."""
+    return TreeCommand(Tree(tmp_path), (sys.executable, str(script)))
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
@@ -30,7 +37,7 @@ def fake(tmp_path, monkeypatch):
 
     def run(rates, spec, **kw):
         monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps(rates))
-        result = run_grid(spec, launcher=BenchLauncher((sys.executable, str(FAKE))),
+        result = run_grid(spec, bench=_script(tmp_path, FAKE),
                           checkpoint=lambda **p: tmp_path / f"ckpt-{p['preset']}", **kw)
         calls = [json.loads(line) for line in log.read_text().splitlines()]
         return result, calls
@@ -112,7 +119,7 @@ def test_checkpoint_failure_names_the_cell():
     def broken(**params):
         raise ValueError("preset '99b' unknown")
     with pytest.raises(GridError, match=r"cell 0 \(b1 p4 g4 tiny modelopt\): cannot make checkpoint"):
-        run_grid(_spec(), checkpoint=broken)
+        run_grid(_spec(), bench=lambda args, timeout_s: "", checkpoint=broken)
 
 
 @pytest.mark.parametrize("stdout, needle", [
@@ -169,10 +176,10 @@ def _attributed_spec(batches=(1,)):
 
 
 def test_attribution_runs_once_per_arm_per_cell_after_the_legs(fake, monkeypatch, tmp_path):
-    attr = BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE)))
+    attr = _script(tmp_path, FAKE_ATTRIBUTE)
     out = tmp_path / "grid.json"
     result, calls = fake({"packed": [11.0], "dequant": [10.0]}, _attributed_spec(batches=(1, 16)),
-                         attribute_launcher=attr, out=out)
+                         attribute=attr, out=out)
     keys = [c["key"] for c in calls]
     assert keys[:8] == ["packed", "dequant"] * 2 + ["dequant", "packed"] * 2, "attribution runs after every leg"
     assert keys[8:] == ["attribute:packed", "attribute:dequant"] * 2
@@ -188,10 +195,10 @@ def test_attribution_runs_once_per_arm_per_cell_after_the_legs(fake, monkeypatch
     assert json.loads(out.read_text()) == result and result["complete"]
 
 
-def test_a_failed_attribution_is_kept_as_its_arms_error_and_the_legs_stay(fake, monkeypatch):
+def test_a_failed_attribution_is_kept_as_its_arms_error_and_the_legs_stay(fake, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_ATTRIBUTE_FAIL", "dequant")
     result, _ = fake({"packed": [11.0], "dequant": [10.0]}, _attributed_spec(),
-                     attribute_launcher=BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE))))
+                     attribute=_script(tmp_path, FAKE_ATTRIBUTE))
     (cell,) = result["cells"]
     assert cell["arms"]["packed"]["legs"] == [11.0, 11.0]
     assert set(cell["attribution"]["arms"]) == {"packed"}
@@ -200,18 +207,21 @@ def test_a_failed_attribution_is_kept_as_its_arms_error_and_the_legs_stay(fake, 
     assert "a CUDA graph replay ran 3 device activities" in why
 
 
-def test_without_the_attribute_key_no_attribution_runs(fake):
+def test_without_the_attribute_key_no_attribution_runs(fake, tmp_path):
     result, calls = fake({"packed": [11.0], "dequant": [10.0]}, _spec(legs=1),
-                         attribute_launcher=BenchLauncher((sys.executable, str(FAKE_ATTRIBUTE))))
+                         attribute=_script(tmp_path, FAKE_ATTRIBUTE))
     assert "attribution" not in result["cells"][0] and len(calls) == 2
 
 
-def test_the_attribution_launcher_follows_the_bench_launcher():
-    from grids.attribution import launcher_for, parse_attribute
+def test_the_attribution_runner_follows_the_bench_runner(tmp_path):
+    from grids.attribution import parse_attribute
+    from orchestrator.box.grid import runners
 
-    bench = BenchLauncher(("/tree/python", "-m", "engine.cli", "bench"), cwd="/tree", env={"PYTHONPATH": "/tree"})
-    assert launcher_for(bench) == BenchLauncher(("/tree/python", "-m", "engine.cli", "attribute"), cwd="/tree",
-                                                env={"PYTHONPATH": "/tree"})
+    tree = Tree(tmp_path, python="/tree/python")
+    here = runners(tree)
+    assert here["bench"] == TreeCommand(tree, ("/tree/python", "-m", "engine.cli", "bench"))
+    assert here["attribute"] == TreeCommand(tree, ("/tree/python", "-m", "engine.cli", "attribute"))
+    assert runners(tree, ("fake", "bench"))["attribute"].command == ("fake", "attribute")
     with pytest.raises(Exception, match="expected kind 'attribution' schema_version 1, found kind None"):
         parse_attribute('{"schema_version": 1, "decode_tok_s": 3}', "w")
     with pytest.raises(Exception, match="JSON parts: expected a list"):

@@ -8,6 +8,8 @@ import pytest
 
 from grids.runner import run_grid
 from grids.spec import load_spec
+from orchestrator.box.grid import runners
+from orchestrator.box.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +20,7 @@ def test_smoke_grid_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
     spec = load_spec(ROOT / "grids" / "smoke.yaml")
     out = tmp_path / "smoke.json"
-    result = run_grid(spec, out=out)
+    result = run_grid(spec, out=out, **runners(Tree(ROOT)))
     assert json.loads(out.read_text()) == result and result["complete"]
     (cell,) = result["cells"]
     assert cell["orders"] == [["packed", "dequant"], ["dequant", "packed"]]
@@ -44,7 +46,7 @@ def test_a_grid_asking_for_attribution_keeps_each_arms_attribution(tmp_path, mon
                        "arms": {"packed": {"lm_head": "packed"}, "dequant": {"lm_head": "dequant"}},
                        "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}],
                        "attribute": {"lengths": [3, 5], "iters": 1}})
-    (cell,) = run_grid(spec)["cells"]
+    (cell,) = run_grid(spec, **runners(Tree(ROOT)))["cells"]
     a = cell["attribution"]
     assert a["errors"] == {} and set(a["arms"]) == {"packed", "dequant"}
     for name, r in a["arms"].items():

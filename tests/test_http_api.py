@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.http_api import MAX_BODY, ApiServer, BadRequest, NotFound, serve_in_thread
+from orchestrator.service.http_api import MAX_BODY, ApiServer, BadRequest, NotFound, serve_in_thread
 
 SHA = "a" * 40
 

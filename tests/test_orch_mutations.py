@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from orch_helpers import make_stub_repo, suite  # noqa: E402
 from orch_jobs import gate_without_ray, residency_files  # noqa: E402
 
-from orchestrator.gate import exit_code  # noqa: E402
+from orchestrator.driver.gate import exit_code  # noqa: E402
 
 LIB = '''\
 def add(a, b):

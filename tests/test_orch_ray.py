@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from orch_helpers import (DISABLED, ENABLED, FAKE_GRID, PASSING_TEST, flock_holder, hanging_test,  # noqa: E402
+from orch_helpers import (DISABLED, ENABLED, FAKE_GRID, PASSING_TEST, STUB_CKPT_CACHE, flock_holder, hanging_test,  # noqa: E402
                           lock_free, make_stub_repo, slow_test, suite)
 
 ray = pytest.importorskip("ray")
@@ -25,8 +25,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator import db  # noqa: E402
 from orchestrator.config import CUDA_MARKER, BoxConfig, Config, Timeouts  # noqa: E402
-from orchestrator.gate import run_gate  # noqa: E402
-from orchestrator.job import HOOK_CORRUPT  # noqa: E402
+from orchestrator.driver.gate import run_gate  # noqa: E402
+from orchestrator.box.job import HOOK_CORRUPT  # noqa: E402
 
 
 def _ray_children() -> list[psutil.Process]:
@@ -112,7 +112,8 @@ def test_job_pinned_to_b_runs_on_b(cluster, env):
 def test_grid_runs_on_the_box_under_the_lock(cluster, env):
     tmp_path, config = env
     cfg = config()
-    repo = _repo(tmp_path, {"tests/test_ok.py": PASSING_TEST, "grids/fake.yaml": FAKE_GRID})
+    repo = _repo(tmp_path, {"tests/test_ok.py": PASSING_TEST, "grids/fake.yaml": FAKE_GRID,
+                            "engine/ckpt_cache.py": STUB_CKPT_CACHE})
     events = []
     rec = run_gate(cfg, "HEAD", str(repo), "B", grid="fake", progress=events.append)
     assert rec["state"] == "PASSED", rec["error"]

@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from orch_helpers import PASSING_TEST, REPO_ROOT, commit_all, make_stub_repo, suite  # noqa: E402
 from orch_jobs import box_job, gate_without_ray, residency_files  # noqa: E402
 
-from orchestrator import tree_residency  # noqa: E402
-from orchestrator.report import render_markdown, residency  # noqa: E402
+from orchestrator.box import residency as tree_residency  # noqa: E402
+from orchestrator.report.render import render_markdown  # noqa: E402
+from orchestrator.report import residency  # noqa: E402
 
 HEAD_N, HEAD_K = 248320, 5120  # the 27B lm_head
 

@@ -15,15 +15,17 @@ from orch_helpers import (FAILING_TEST, PASSING_TEST, commit_all, flock_holder, 
                           lock_free, make_stub_repo, suite)
 
 from gates.manifest import parse_manifest  # noqa: E402
-from orchestrator import db, idle  # noqa: E402
-from orchestrator.build import markers_in, missing_markers  # noqa: E402
+from orchestrator import db
+from orchestrator.box import idle  # noqa: E402
+from orchestrator.box.build import markers_in, missing_markers  # noqa: E402
 from orchestrator.config import CUDA_MARKER, ConfigError, load_config, parse_config  # noqa: E402
 from orchestrator.config import BoxConfig, Config  # noqa: E402
-from orchestrator.gate import decide, exit_code, finish_run, merge_result, new_record  # noqa: E402
-from orchestrator.lock import LockTimeout, box_lock  # noqa: E402
-from orchestrator.procs import run_group  # noqa: E402
-from orchestrator.provenance import ProvenanceError, archive, md5_of, read_member, resolve, unpack  # noqa: E402
-from orchestrator.suites import judge, parse_junit, run_suite  # noqa: E402
+from orchestrator.driver.gate import decide, exit_code, finish_run, new_record  # noqa: E402
+from orchestrator.driver.placement import merge_result  # noqa: E402
+from orchestrator.box.lock import LockTimeout, box_lock  # noqa: E402
+from orchestrator.box.tree import Tree  # noqa: E402
+from orchestrator.driver.provenance import ProvenanceError, archive, md5_of, read_member, resolve, unpack  # noqa: E402
+from orchestrator.box.suites import judge, parse_junit, run_suite  # noqa: E402
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -287,10 +289,10 @@ def test_judge_census_mismatch_is_red():
 
 
 def test_suite_runs_green_and_red(stub):
-    green = run_suite(stub, _manifest_suite(name="ok", path="tests/test_ok.py", tests=2, checks=3))
+    green = run_suite(Tree(stub), _manifest_suite(name="ok", path="tests/test_ok.py", tests=2, checks=3))
     assert green["state"] == "GREEN" and (green["tests_passed"], green["checks_passed"]) == (2, 3)
     (stub / "tests/test_bad.py").write_text(FAILING_TEST)
-    red = run_suite(stub, _manifest_suite(name="bad", path="tests/test_bad.py", tests=1, checks=1))
+    red = run_suite(Tree(stub), _manifest_suite(name="bad", path="tests/test_bad.py", tests=1, checks=1))
     assert red["state"] == "RED" and red["failures"][0]["test"].endswith("test_wrong")
     assert "expected 5, found 4" in red["failures"][0]["message"]
 
@@ -309,17 +311,16 @@ def test_hanging_suite_times_out_and_its_group_dies(stub, tmp_path):
     pids = tmp_path / "pids"
     (stub / "tests/test_hang.py").write_text(hanging_test(pids))
     s = _manifest_suite(name="hang", path="tests/test_hang.py", tests=1, checks=1, timeout_s=8)
-    rec = run_suite(stub, s)
+    rec = run_suite(Tree(stub), s)
     assert rec["state"] == "TIMEOUT" and "timed out after 8 s" in rec["reasons"][0]
     pytest_pid, sleeper = map(int, pids.read_text().split())
     assert _gone(pytest_pid) and _gone(sleeper)
 
 
-def test_run_group_reports_output_and_exit(tmp_path):
-    r = run_group([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], cwd=tmp_path,
-                  env=dict(os.environ), timeout_s=30)
+def test_tree_run_reports_output_and_exit(tmp_path):
+    r = Tree(tmp_path).run([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], 30)
     assert (r.returncode, r.output.strip(), r.timed_out) == (3, "hi", False)
-    r = run_group(["sleep", "30"], cwd=tmp_path, env=dict(os.environ), timeout_s=30, cancelled=lambda: True)
+    r = Tree(tmp_path).run(["sleep", "30"], 30, cancelled=lambda: True)
     assert r.cancelled and r.returncode == -signal.SIGTERM
 
 

@@ -9,7 +9,8 @@ import re
 import pytest
 
 import report_records as rr
-from orchestrator.report import ReportError, render_markdown
+from orchestrator.report.errors import ReportError
+from orchestrator.report.render import render_markdown
 from orchestrator.report.render import html
 from test_report_render import SECTIONS, parse, squash
 

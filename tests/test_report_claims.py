@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import report_records as rr
-from orchestrator.report import render_markdown
+from orchestrator.report.render import render_markdown
 from orchestrator.report.claims import cell_claims
 from orchestrator.report.render import html
 from test_report_render import parse, squash

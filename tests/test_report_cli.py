@@ -92,8 +92,8 @@ def test_owed_lists_filters_and_closes(app, dbfile):
 
 
 def test_the_gates_report_shows_the_ledger_after_the_sync(tmp_path):
-    """orchestrator.gate re-renders the run's page once db.finish has synced the owed ledger."""
-    from orchestrator.gate import _render_index
+    """orchestrator.driver.gate re-renders the run's page once db.finish has synced the owed ledger."""
+    from orchestrator.driver.gate import _render_index
 
     conn = db.connect(tmp_path / "regate.db")
     rec = rr.seed_record(run_id="r-gate", created_at=db.utc_now())

@@ -15,9 +15,9 @@ from test_report_render import parse, squash  # noqa: E402
 
 from orchestrator import db, owed  # noqa: E402
 from orchestrator.commands.gate import summary  # noqa: E402
-from orchestrator.gate import decide, exit_code  # noqa: E402
-from orchestrator.headline import shown_state  # noqa: E402
-from orchestrator.report import render_markdown  # noqa: E402
+from orchestrator.driver.gate import decide, exit_code  # noqa: E402
+from orchestrator.report.headline import shown_state  # noqa: E402
+from orchestrator.report.render import render_markdown  # noqa: E402
 from orchestrator.report.render import html  # noqa: E402
 
 NO_GPU = "no CUDA gate was run: this box has no GPU"
@@ -82,7 +82,7 @@ def test_case5_a_stale_pin_fails_the_gate():
 
 def test_case6_a_cpu_gate_end_to_end_is_partial_and_owes_the_cuda_rerun(tmp_path, monkeypatch):
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("orchestrator.idle.gpus", lambda: [])  # this box has no GPU, whatever runs the test
+    monkeypatch.setattr("orchestrator.box.idle.gpus", lambda: [])  # this box has no GPU, whatever runs the test
     suites = [suite("fast", "tests/test_fast.py", 2, 3), suite("kernel", "tests/test_kernel.py", 2, 3, needs=("cuda",))]
     repo = make_stub_repo(tmp_path / "repo", suites, {"tests/test_fast.py": PASSING_TEST,
                                                       "tests/test_kernel.py": PASSING_TEST})

@@ -9,7 +9,8 @@ from html.parser import HTMLParser
 import pytest
 
 import report_records as rr
-from orchestrator.report import ReportError, render_index, render_markdown, render_run
+from orchestrator.report.errors import ReportError
+from orchestrator.report.render import render_index, render_markdown, render_run
 from orchestrator.report.render import html
 
 BLOCKS = {"td", "th", "tr", "li", "p", "div", "br", "h2", "h3", "table", "ul", "pre"}

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orchestrator import schedule as sch
-from orchestrator.schedule import FakeClock, Schedule, Scheduler, ScheduleError
+from orchestrator.service import schedule as sch
+from orchestrator.service.schedule import FakeClock, Schedule, Scheduler, ScheduleError
 
 UTC = timezone.utc
 

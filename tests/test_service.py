@@ -12,10 +12,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from orchestrator import db, schedule, service_queue
-from orchestrator.http_api import ApiServer, serve_in_thread
-from orchestrator.schedule import FakeClock, Schedule
-from orchestrator.service import Backend, Service
+from orchestrator import db
+from orchestrator.service import schedule
+from orchestrator.service import queue as service_queue
+from orchestrator.service.http_api import ApiServer, serve_in_thread
+from orchestrator.service.schedule import FakeClock, Schedule
+from orchestrator.service.daemon import Backend, Service
 from service_support import config_for, make_repo
 
 
@@ -178,7 +180,7 @@ def test_workers_run_one_job_at_a_time_per_box_and_record_a_crash(env, monkeypat
         db.finish(conn, rec)
         return rec
 
-    monkeypatch.setattr("orchestrator.service.run_queued", fake_run)
+    monkeypatch.setattr("orchestrator.service.daemon.run_queued", fake_run)
     conn = db.connect(config.db_path)
     service_queue.ensure_schema(conn)
     queued = [service_queue.enqueue(conn, config, repo, "main", box, grid, False, "api")[0]["run_id"]

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from orchestrator import db, service_queue as q
+from orchestrator import db
+from orchestrator.service import queue as q
 from orchestrator.config import ConfigError
-from orchestrator.provenance import ProvenanceError
+from orchestrator.driver.provenance import ProvenanceError
 from service_support import config_for, git, make_repo
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import db, service_queue
+from orchestrator import db
+from orchestrator.service import queue as service_queue
 from orchestrator.config import load_config
 from service_support import commit_slow_head, make_repo, write_config
 

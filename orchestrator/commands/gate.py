@@ -2,7 +2,7 @@
 
 A partial pass (a suite of the manifest not run on this box) exits 0 but is never shown as a full
 one: its state reads `PASSED (partial: ... not run on this box)` here and in `--json` (whose
-`full_pass` is false); `--require-full` makes it exit 1 (`orchestrator.headline`).
+`full_pass` is false); `--require-full` makes it exit 1 (`orchestrator.report.headline`).
 
 Progress goes to stderr (live on a terminal); `--json` ends stdout with one JSON line for machines.
 """
@@ -18,10 +18,10 @@ from rich.console import Console
 
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
-from orchestrator.gate import exit_code, run_gate
-from orchestrator.headline import is_partial, shown_state, suites_not_run
-from orchestrator.idle import gpus
-from orchestrator.provenance import ProvenanceError
+from orchestrator.driver.gate import exit_code, run_gate
+from orchestrator.report.headline import is_partial, shown_state, suites_not_run
+from orchestrator.box.idle import gpus
+from orchestrator.driver.provenance import ProvenanceError
 
 HOOKS_ENV = "REGATE_TEST_HOOKS"  # comma-separated job test hooks (tests inject an md5 mismatch this way)
 

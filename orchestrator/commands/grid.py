@@ -2,7 +2,9 @@
 
     orchestrator grid grids/lmhead.yaml --until-binding --max-legs 8 --out grid.json
 
-Each arm of each leg is a fresh `engine bench` process (see grids.runner). Live progress goes to
+Each arm of each leg is a fresh `engine bench` process of this checkout, started by the tree runner
+(`orchestrator.box.grid.runners`: this directory first on PYTHONPATH, its own engine resolving the
+checkpoints), as a gate's grid runs in the head's tree. Live progress goes to
 stderr; the verdict tables (or with --json the result as one JSON line) go to stdout. Exit 2 on a
 bad spec or a failing bench (the error names cell, arm and leg, with the bench's stderr tail).
 """
@@ -15,8 +17,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from grids.runner import BenchLauncher, GridError, Progress, run_grid
+from grids.runner import GridError, Progress, run_grid
 from grids.spec import SpecError, load_spec
+from orchestrator.box.grid import runners
+from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
 
 
@@ -46,10 +50,10 @@ def grid_cmd(
         spec = load_spec(spec_path)
         if backend is not None:
             spec = spec.with_backend(backend)
-        launcher = BenchLauncher(tuple(shlex.split(bench_cmd))) if bench_cmd else BenchLauncher()
+        here = runners(Tree(Path.cwd()), tuple(shlex.split(bench_cmd)) if bench_cmd else None)
         result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=out,
-                          launcher=launcher, progress=_progress_printer(log))
-    except (SpecError, GridError) as e:
+                          progress=_progress_printer(log), **here)
+    except (SpecError, GridError, TreeRunError) as e:
         typer.echo(f"grid: {e}", err=True)
         raise typer.Exit(2)
     if as_json:

@@ -19,9 +19,9 @@ from typing import Optional
 import typer
 
 from gates.manifest import ManifestError
-from gates.mutate import STALE, SURVIVED, run_pins
+from orchestrator.box.mutate import STALE, SURVIVED, run_pins
 from gates.pins import PinError
-from orchestrator.provenance import ProvenanceError, archive, unpack
+from orchestrator.driver.provenance import ProvenanceError, archive, unpack
 
 
 class UsageError(Exception):

@@ -15,7 +15,8 @@ import typer
 
 from orchestrator import db, owed
 from orchestrator.config import ConfigError, load_config
-from orchestrator.report import ReportError, render_index, render_markdown, render_run
+from orchestrator.report.errors import ReportError
+from orchestrator.report.render import render_index, render_markdown, render_run
 
 FORMATS = ("html", "md")
 

@@ -1,4 +1,8 @@
-"""`orchestrator runs` lists gate jobs; `orchestrator show RUN` prints one record (a unique prefix works)."""
+"""`orchestrator runs` lists gate jobs; `orchestrator show RUN` prints one record (a unique prefix works).
+
+Both reconcile first: a QUEUED or RUNNING row whose driver stopped beating for `timeouts.stale_s`
+(a killed `orchestrator gate`) is LOST before it is shown, never RUNNING forever.
+"""
 from __future__ import annotations
 
 import json
@@ -19,7 +23,9 @@ def _conn(config: Optional[str]):
     except ConfigError as e:
         Console(stderr=True).print(f"error: {e}", markup=False)
         raise typer.Exit(2)
-    return db.connect(cfg.db_path)
+    conn = db.connect(cfg.db_path)
+    db.mark_stale_lost(conn, cfg.timeouts.stale_s)
+    return conn
 
 
 def runs(config: Optional[str] = typer.Option(None, "--config"),

@@ -13,11 +13,11 @@ from typing import Optional
 import typer
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.http_api import DEFAULT_HOST, DEFAULT_PORT
-from orchestrator.idle import gpus
-from orchestrator.provenance import ProvenanceError
-from orchestrator.schedule import ScheduleError
-from orchestrator.service import load_service
+from orchestrator.service.http_api import DEFAULT_HOST, DEFAULT_PORT
+from orchestrator.box.idle import gpus
+from orchestrator.driver.provenance import ProvenanceError
+from orchestrator.service.schedule import ScheduleError
+from orchestrator.service.daemon import load_service
 
 
 def serve(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jinja2
 
-from orchestrator import headline
+from orchestrator.report import headline
 from orchestrator.report import view
 from orchestrator.report.errors import ReportError
 

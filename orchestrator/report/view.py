@@ -10,7 +10,7 @@ import base64
 import datetime as dt
 import json
 
-from orchestrator import headline
+from orchestrator.report import headline
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency

@@ -4,7 +4,8 @@ A box is a Ray node carrying the custom resource `box:NAME` (quantity 1, so a bo
 time) and the label `box=NAME`. The job is a streaming-generator task asking for `box:NAME` and the
 box's GPUs, with `max_retries=0`: whether to retry is the service's decision, never Ray's. A box that
 is absent never hangs the head: it is refused up front, and a job a free box does not start within the
-scheduling timeout is cancelled with a message naming the box.
+scheduling timeout is cancelled with a message naming the box. `place` is the one way a run reaches
+its box, for the CLI gate and the service alike.
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from typing import Callable, Iterator
 import ray
 import ray.exceptions
 
-from orchestrator.config import BoxConfig
-from orchestrator.job import JobSpec, run_job
+from orchestrator import db
+from orchestrator.box.job import JobSpec, run_job
+from orchestrator.config import BoxConfig, Config
 
 
 QUEUE_NOTE_S = 30.0  # how often a job queued behind another on its box says so
+CANCEL_WAIT_S = 20.0  # how long a stop waits for the box's task to kill its process groups
 
 
 class PlacementError(Exception):
@@ -30,6 +33,88 @@ class PlacementError(Exception):
 
 class JobLost(Exception):
     """The box died under the job (worker or node killed): the result is unknown."""
+
+
+class Interrupted(Exception):
+    """The driver was asked to stop (`stop()` turned true): leave the job, record no result."""
+
+
+PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError)
+
+
+def place(config: Config, conn, spec: JobSpec, arch, record: dict, progress: Callable[[dict], None],
+          on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False) -> None:
+    """Run the job on its box and fold its result (or why there is none: LOST, ERROR) into `record`.
+    Beats the row's heartbeat while it waits. On a stop or Ctrl-C the box's task is cancelled, and
+    waited for, before Interrupted / KeyboardInterrupt goes up."""
+    gen = None
+
+    def on_event(ev: dict) -> None:
+        if ev["event"] == "started":
+            record["box"].update(name=ev["name"], node_id=ev["node_id"])
+            db.mark_running(conn, record, ev["task_id"])
+            on_started()
+        progress(ev)
+
+    def tick() -> None:
+        db.beat(conn, record["run_id"])
+        if stop():
+            raise Interrupted()
+    try:
+        check_box(spec.box.name)
+        t = time.monotonic()
+        ref = ray.put(arch.tarball)  # once: the box fetches it from the object store
+        put_s = time.monotonic() - t
+        gen = submit(spec, ref)
+        parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
+        merge_result(record, parts, put_s)
+    except PLACEMENT_FAILURES as e:
+        note_placement_failure(record, e)
+    except (Interrupted, KeyboardInterrupt):
+        cancel(gen)
+        raise
+    except Exception as e:  # a driver-side bug must still end the row, not leave it RUNNING
+        record["error"] = f"driver error while running the job: {type(e).__name__}: {e}"
+
+
+def note_placement_failure(record: dict, e: BaseException) -> None:
+    """What a failure to place or finish the box's job means for the record."""
+    if isinstance(e, JobLost):
+        record["state"], record["error"] = "LOST", str(e)
+    elif isinstance(e, ray.exceptions.TaskCancelledError):
+        record["error"] = "the job was cancelled"
+    else:
+        record["error"] = str(e)
+
+
+def merge_result(record: dict, parts: dict, put_s: float) -> None:
+    """Fold the box's part of a run (`job.run_job`'s result, as `stream` returns it) into `record`,
+    in place: box identity, provenance, not_run appended, every other part set, and the box's timings
+    with `fetch_s` replaced by `transfer_s` (the driver's `ray.put` plus the box's fetch).
+    Pops the parts it merges field by field from `parts`."""
+    timings = parts.pop("timings", {})
+    record["box"].update(parts.pop("box"))
+    record["provenance"].update(parts.pop("provenance", {}))
+    record["not_run"].extend(parts.pop("not_run", []))
+    record.update(parts)
+    record["timings"].update({k: v for k, v in timings.items() if k != "fetch_s"})
+    record["timings"]["transfer_s"] = round(put_s + timings.get("fetch_s", 0.0), 3)
+
+
+def cancel(gen) -> None:
+    """Cancel the box's task and wait (bounded) until it has stopped and killed its process groups."""
+    if gen is None:
+        return
+    ray.cancel(gen)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline:
+        ready, _ = ray.wait([gen], timeout=0.5)
+        if not ready:
+            continue
+        try:
+            ray.get(next(gen))
+        except (StopIteration, ray.exceptions.RayError):
+            return
 
 
 def start_ray(address: str | None, box: BoxConfig) -> bool:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from orchestrator import db
 from orchestrator.config import Config
-from orchestrator.gate import idempotency_key, new_record
-from orchestrator.provenance import Archive, archive, read_member
+from orchestrator.driver.gate import idempotency_key, new_record
+from orchestrator.driver.provenance import Archive, archive, read_member
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS service_jobs (

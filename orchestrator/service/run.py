@@ -1,35 +1,30 @@
-"""Run one queued gate for the service: the head side of `gate.run_gate`, from an existing QUEUED row.
+"""Run one queued gate for the service: the driver side of `gate.run_gate`, from an existing QUEUED row.
 
 `run_gate` queues and runs in one call (the CLI); the service queues first (the HTTP answer carries the
 run id) and runs later, and must be able to stop a running job on SIGTERM. So this file re-archives
-the queued sha (its md5 must match the one recorded at queue time), places the job with
-`placement`, beats the heartbeat, and on a stop cancels the box's task and records the interruption
-instead of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run`:
-state, report, owed-ledger sync in one transaction).
+the queued sha (its md5 must match the one recorded at queue time), places the job with the CLI's own
+`placement.place`, and on a stop (the box's task cancelled there) records the interruption instead
+of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run`: state,
+report, owed-ledger sync in one transaction).
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Callable
 
 import ray
-import ray.exceptions
 
-from orchestrator import db, gate, service_queue
+from orchestrator import db
+from orchestrator.box.job import JobSpec
 from orchestrator.config import Config
-from orchestrator.job import JobSpec
-from orchestrator.placement import check_box, start_ray, stream, submit
-from orchestrator.provenance import ProvenanceError, archive
-from orchestrator.service_queue import QueuedJob
+from orchestrator.driver import gate
+from orchestrator.driver.placement import CANCEL_WAIT_S, Interrupted, PlacementError, note_placement_failure, place, start_ray
+from orchestrator.driver.provenance import ProvenanceError, archive
+from orchestrator.service import queue as service_queue
+from orchestrator.service.queue import QueuedJob
 
-log = logging.getLogger("regate.service")
-CANCEL_WAIT_S = 20.0  # how long a stop waits for the box's task to kill its process groups
-
-
-class Interrupted(Exception):
-    """The service is stopping: leave the job, do not record a result."""
+__all__ = ["CANCEL_WAIT_S", "RayHandle", "run_queued"]
 
 
 class RayHandle:
@@ -82,51 +77,17 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
 
 def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool | None:
     """Run the job on its box; None when it ended (record filled), else whether the box had started it."""
-    started, gen = [False], None
+    started = [False]
 
-    def on_event(ev: dict) -> None:
-        if ev["event"] == "started":
-            record["box"].update(name=ev["name"], node_id=ev["node_id"])
-            db.mark_running(conn, record, ev["task_id"])
-            service_queue.mark_started(conn, record["run_id"])
-            started[0] = True
-        progress({**ev, "run_id": record["run_id"]})
-
-    def tick() -> None:
-        db.beat(conn, record["run_id"])
-        if stop.is_set():
-            raise Interrupted()
-
+    def on_started() -> None:
+        service_queue.mark_started(conn, record["run_id"])
+        started[0] = True
     try:
         ray_handle.ensure(spec.box)
-        check_box(spec.box.name)
-        t = time.monotonic()
-        ref = ray.put(arch.tarball)
-        put_s = time.monotonic() - t
-        gen = submit(spec, ref)
-        parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
-                       tick, on_event)
-        gate.merge_result(record, parts, put_s)
+        place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record["run_id"]}),
+              on_started, stop.is_set)
+    except PlacementError as e:  # Ray could not be started or joined
+        note_placement_failure(record, e)
     except Interrupted:
-        _cancel(gen)
         return started[0]
-    except gate.PLACEMENT_FAILURES as e:
-        gate.note_placement_failure(record, e)
     return None
-
-
-def _cancel(gen) -> None:
-    """Cancel the box's task and wait (bounded) until it has stopped and killed its process groups."""
-    if gen is None:
-        return
-    ray.cancel(gen)
-    deadline = time.monotonic() + CANCEL_WAIT_S
-    while time.monotonic() < deadline:
-        ready, _ = ray.wait([gen], timeout=0.5)
-        if not ready:
-            continue
-        try:
-            ray.get(next(gen))
-        except (StopIteration, ray.exceptions.RayError):
-            return
-    log.warning("the box's task did not stop within %.0f s of the cancel", CANCEL_WAIT_S)

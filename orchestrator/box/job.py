@@ -1,9 +1,11 @@
 """The job body that runs on a box: verify, unpack, build, lock, idle check, residency, suites, pins, grid.
 
-Plain Python over plain data: Ray stays in `placement.py`, which runs this in a task and streams the
-events it emits back to the head. The result is the box's part of the run record; a failure of the
-infrastructure (md5, build, lock, idle, manifest) ends the job with `error` set and no gate run. The
-box lock is held from the idle check to the end of the last gate and released on every exit path.
+Plain Python over plain data: Ray stays in `driver/placement.py`, which runs this in a task and streams
+the events it emits back to the driver. The result is the box's part of the run record; a failure of
+the infrastructure (md5, build, lock, idle, manifest) ends the job with `error` set and no gate run.
+Every process of the head starts through one tree runner (`tree.Tree`), whose keeper is started first:
+the box lock is held from the idle check to the end of the last gate, and released, on every exit
+path, a killed job included, only once no process of the run is alive.
 """
 from __future__ import annotations
 
@@ -20,14 +22,16 @@ from typing import Callable
 from gates.manifest import ManifestError, load_manifest
 from gates.sacred import check_sacred, trusted_root
 from gates.trusted import GateSet, gate_set
-from orchestrator import idle
-from orchestrator.build import BuildError, build
+from orchestrator.box import idle
+from orchestrator.box.build import BuildError, build
+from orchestrator.box.grid import GridJobError, run_tree_grid
+from orchestrator.box.lock import LockTimeout, box_lock
+from orchestrator.box.residency import measure as measure_residency
+from orchestrator.box.suites import NO_GPU, not_run, run_suite
+from orchestrator.box.mutate import run_pins
+from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
-from orchestrator.grid_job import GridJobError, run_tree_grid
-from orchestrator.lock import LockTimeout, box_lock
-from orchestrator.provenance import md5_of, unpack
-from orchestrator.suites import NO_GPU, not_run, run_suite
-from orchestrator.tree_residency import measure as measure_residency
+from orchestrator.driver.provenance import md5_of, unpack
 
 Emit = Callable[[dict], None]
 MUTATIONS_OFF = ("mutations: off in the trusted gates.yaml, so no pin was applied in this gate; "
@@ -77,7 +81,7 @@ def run_job(spec: JobSpec, identity: dict, fetch: Callable[[], tuple[bytes, floa
         parts["not_run"].append({"what": "CUDA gates", "why": NO_GPU})
     try:
         _verified_and_gated(spec, fetch, emit, cancelled, parts, bool(gpus))
-    except (JobError, BuildError, LockTimeout, ManifestError, GridJobError) as e:
+    except (JobError, BuildError, LockTimeout, ManifestError, GridJobError, TreeRunError) as e:
         parts["error"] = str(e)
     except Exception:
         parts["error"] = "job crashed on the box:\n" + traceback.format_exc(limit=8)
@@ -92,30 +96,34 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
     parts["provenance"] = {"md5_box": md5_box, "archive_bytes": len(tarball)}
     parts["timings"]["fetch_s"] = round(fetch_s, 3)
     if md5_box != spec.md5_head:
-        raise JobError(f"md5 mismatch: the head archived {spec.md5_head}, the box received {md5_box}; "
+        raise JobError(f"md5 mismatch: the driver archived {spec.md5_head}, the box received {md5_box}; "
                        "refusing to gate bytes that are not the head's")
     work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
+    tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled)
     try:
-        tree = unpack(tarball, work / "tree")
+        unpack(tarball, tree.root)
+        tree.start_keeper()
         emit({"event": "step", "step": "build", "status": "start"})
-        b = build(tree, spec.box.required_markers, spec.build_timeout_s, cancelled)
+        b = build(tree, spec.box.required_markers, spec.build_timeout_s)
         parts["build"], parts["timings"]["build_s"] = b, b["duration_s"]
         emit({"event": "step", "step": "build", "status": "done", "detail": "; ".join(b["markers"]) or "no markers"})
         if b["missing"]:
             raise JobError(f"degraded build: required marker(s) missing: {', '.join(b['missing'])} "
                            f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
-        gates = _gate_set(tree, spec)
+        gates = _gate_set(tree.root, spec)
         parts["gate_set"] = gates.record()
-        parts["sacred"] = _sacred(tree, spec)
-        _under_lock(spec, tree, gates, emit, cancelled, parts, has_gpu)
+        parts["sacred"] = _sacred(tree.root, spec)
+        _under_lock(spec, tree, gates, emit, parts, has_gpu)
     finally:
+        tree.reap()  # a build or a step that ran outside the lock leaves nothing behind either
+        tree.stop_keeper()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _under_lock(spec, tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> None:
+def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts, has_gpu) -> None:
     emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
     on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
-    with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, cancelled) as held:
+    with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, tree.cancelled, tree) as held:
         parts["lock"], parts["timings"]["lock_wait_s"] = held, held["wait_s"]
         emit({"event": "step", "step": "lock", "status": "done", "detail": f"waited {held['wait_s']:.1f} s"})
         pol = spec.box.idle
@@ -123,9 +131,9 @@ def _under_lock(spec, tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> 
         parts["idle"] = idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy)
         if parts["idle"]["checked"] and not parts["idle"]["idle"]:
             raise JobError(f"box {spec.box.name} is not idle: {parts['idle']['detail']}")
-        parts["residency"] = _residency(spec, tree, emit, cancelled, parts)
+        parts["residency"] = _residency(spec, tree, emit, parts)
         t = time.monotonic()
-        parts["suites"] = _suites(tree, gates, emit, cancelled, parts, has_gpu)
+        parts["suites"] = _suites(tree, gates, emit, parts, has_gpu)
         for s in parts["suites"]:
             s["sacred_modified"] = s["name"] in parts["sacred"]["modified"]
         if gates.mutations == "on_gate":
@@ -139,11 +147,11 @@ def _under_lock(spec, tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> 
             parts["timings"]["grid_s"] = round(time.monotonic() - t, 3)
 
 
-def _residency(spec, tree, emit, cancelled, parts) -> list[dict] | None:
+def _residency(spec, tree: Tree, emit, parts) -> list[dict] | None:
     """Both arms' `engine info` residency; under the lock, since `engine info` loads onto the GPU."""
     emit({"event": "step", "step": "residency", "status": "start"})
     t = time.monotonic()
-    readings, skipped = measure_residency(tree, parts["box"]["backend"], spec.grid, cancelled)
+    readings, skipped = measure_residency(tree, parts["box"]["backend"], spec.grid)
     parts["not_run"].extend(skipped)
     parts["timings"]["residency_s"] = round(time.monotonic() - t, 3)
     arms = ", ".join(r["arm"] for r in readings or [])
@@ -152,7 +160,7 @@ def _residency(spec, tree, emit, cancelled, parts) -> list[dict] | None:
     return readings
 
 
-def _suites(tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> list[dict]:
+def _suites(tree: Tree, gates: GateSet, emit, parts, has_gpu) -> list[dict]:
     out = []
     for suite, why in gates.skipped:
         out.append(not_run(suite, why))
@@ -162,11 +170,11 @@ def _suites(tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> list[dict]
             out.append(not_run(suite, NO_GPU))
             parts["not_run"].append({"what": f"suite {suite.name}", "why": NO_GPU})
             continue
-        if cancelled():
+        if tree.cancelled():
             out.append(not_run(suite, "cancelled"))
             continue
         on_start = lambda pid, s=suite: emit({"event": "suite", "suite": s.name, "status": "start", "pid": pid})  # noqa: E731
-        rec = run_suite(tree, suite, cancelled, on_start)
+        rec = run_suite(tree, suite, on_start)
         emit({"event": "suite", "suite": suite.name, "status": rec["state"],
               "detail": f"{rec['tests_passed']}/{rec['tests_total']} tests, "
                         f"{rec['checks_passed']}/{rec['checks_total']} checks"})
@@ -174,12 +182,7 @@ def _suites(tree, gates: GateSet, emit, cancelled, parts, has_gpu) -> list[dict]
     return out
 
 
-def _pins(tree, emit, parts) -> list[dict]:
-    try:
-        from gates.mutate import run_pins
-    except ModuleNotFoundError:
-        parts["not_run"].append({"what": "mutation pins", "why": "gates.mutate is not installed on this box"})
-        return []
+def _pins(tree: Tree, emit, parts) -> list[dict]:
     emit({"event": "step", "step": "mutations", "status": "start"})
 
     def on_pin(r: dict) -> None:

@@ -1,9 +1,10 @@
-"""`run_gate`: gate one head on one box and record it. Callable from Python (the service calls it).
+"""`run_gate`: gate one head on one box and record it, from the driver (the machine that drives it).
 
-Head side of the flow: provenance (archive + md5), the ledger row (QUEUED -> RUNNING -> final), Ray
-placement, the box's job (`job.py`), the record assembled from both ends, the report rendered, and
-the result stored in one transaction with the owed ledger. Errors before a row exists (bad config,
-unknown box or revision) raise; every later failure ends in a stored ERROR or LOST record.
+Driver side of the flow: provenance (archive + md5), the ledger row (QUEUED -> RUNNING -> final), Ray
+placement (`place`, shared with the service), the box's job (`box/job.py`), the record assembled from
+both ends, the report rendered once, and the result stored in one transaction with the owed ledger,
+before Ray is shut down. Errors before a row exists (bad config, unknown box or revision) raise;
+every later failure ends in a stored ERROR or LOST record.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from pathlib import Path
 from typing import Callable
 
 import ray
-import ray.exceptions
 
 from gates.sacred import trusted_root as sacred_trusted_root
 from orchestrator import db
 from orchestrator.config import Config
-from orchestrator.headline import shown_state
-from orchestrator.job import JobSpec
-from orchestrator.placement import JobLost, PlacementError, check_box, start_ray, stream, submit
-from orchestrator.provenance import Archive, archive, read_member
+from orchestrator.report.headline import shown_state
+from orchestrator.box.job import JobSpec
+from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
+
+from orchestrator.driver.provenance import Archive, archive, read_member
 
 SCHEMA_VERSION = 1
 MANIFEST = "gates/gates.yaml"
@@ -98,68 +99,26 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
                        str(config.trusted_root) if config.trusted_root else None, accept_sacred,
                        accept_gate_change)
-        _place_and_run(config, spec, arch, record, conn, progress, address or config.ray_address)
-        return finish_run(config, conn, record, t0)
+        return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0)
     finally:
         conn.close()
 
 
-def _place_and_run(config, spec, arch, record, conn, progress, address) -> None:
-    started_ray, gen = False, None
+def _run_on_ray(config, spec, arch, record, conn, progress, address, t0) -> dict:
+    """Place the job, then store the result while Ray is still up (a stored result is never LOST)."""
+    started_ray = False
     try:
         started_ray = start_ray(address, spec.box)
-        check_box(spec.box.name)
-        t = time.monotonic()
-        ref = ray.put(arch.tarball)  # once: the box fetches it from the object store
-        put_s = time.monotonic() - t
-        gen = submit(spec, ref)
-
-        def on_event(ev: dict) -> None:
-            if ev["event"] == "started":
-                record["box"].update(name=ev["name"], node_id=ev["node_id"])
-                db.mark_running(conn, record, ev["task_id"])
-            progress(ev)
-        parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s,
-                       lambda: db.beat(conn, record["run_id"]), on_event)
-        merge_result(record, parts, put_s)
-    except PLACEMENT_FAILURES as e:
+        place(config, conn, spec, arch, record, progress)
+    except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
-    except Exception as e:  # a head-side bug must still end the row, not leave it RUNNING
-        record["error"] = f"head error while running the job: {type(e).__name__}: {e}"
-    except KeyboardInterrupt:  # Ctrl-C: cancel the box's job (its process groups die), store ERROR
-        if gen is not None:
-            ray.cancel(gen)
-        record["error"] = "interrupted on the head; the job was cancelled"
+    except (Interrupted, KeyboardInterrupt):  # Ctrl-C: the box's job was cancelled (its groups died)
+        record["error"] = "interrupted on the driver; the job was cancelled"
+    try:
+        return finish_run(config, conn, record, t0)
     finally:
         if started_ray:
             ray.shutdown()
-
-
-PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError)
-
-
-def note_placement_failure(record: dict, e: BaseException) -> None:
-    """What a failure to place or finish the box's job means for the record (shared with the service)."""
-    if isinstance(e, JobLost):
-        record["state"], record["error"] = "LOST", str(e)
-    elif isinstance(e, ray.exceptions.TaskCancelledError):
-        record["error"] = "the job was cancelled"
-    else:
-        record["error"] = str(e)
-
-
-def merge_result(record: dict, parts: dict, put_s: float) -> None:
-    """Fold the box's part of a run (`job.run_job`'s result, as `placement.stream` returns it) into
-    `record`, in place: box identity, provenance, not_run appended, every other part set, and the
-    box's timings with `fetch_s` replaced by `transfer_s` (the head's `ray.put` plus the box's fetch).
-    Pops the parts it merges field by field from `parts`."""
-    timings = parts.pop("timings", {})
-    record["box"].update(parts.pop("box"))
-    record["provenance"].update(parts.pop("provenance", {}))
-    record["not_run"].extend(parts.pop("not_run", []))
-    record.update(parts)
-    record["timings"].update({k: v for k, v in timings.items() if k != "fetch_s"})
-    record["timings"]["transfer_s"] = round(put_s + timings.get("fetch_s", 0.0), 3)
 
 
 def finish_run(config: Config, conn, record: dict, t0: float) -> dict:
@@ -180,7 +139,7 @@ def finish_run(config: Config, conn, record: dict, t0: float) -> dict:
 
 def _render(record: dict, reports_dir) -> str | None:
     try:
-        from orchestrator.report import render_run
+        from orchestrator.report.render import render_run
     except ModuleNotFoundError:
         record["not_run"].append({"what": "HTML report", "why": "orchestrator.report is not installed"})
         return None
@@ -201,13 +160,13 @@ def _owed_sync():
 
 def _render_index(conn, reports_dir, record: dict) -> None:
     try:
-        from orchestrator.report import render_index
+        from orchestrator.report.render import render_index
     except ModuleNotFoundError:
         return
     try:
         if record.get("report_path"):  # again, now with the open owed-ledger items of this head (synced in finish)
             from orchestrator.owed import list_open
-            from orchestrator.report import render_run
+            from orchestrator.report.render import render_run
             render_run(record, reports_dir, owed=list_open(conn, record["head"]["sha"]))
         render_index(db.list_runs(conn, 500), reports_dir)
     except Exception:  # the index is a convenience; the run's own page and row are already written

@@ -6,35 +6,36 @@ longer applies, NOT_RUN when its suite needs a CUDA GPU and this machine has non
 skips every test there, which would read as "green under the mutation"). The suite is also run once UNmutated per suite (the baseline): a suite that is red
 without the mutation proves nothing, so its pins read SURVIVED with that reason.
 
-The tree given is never modified: every run happens in its own temp copy, removed afterwards.
+The tree given is never modified: every run happens in its own temp copy, removed afterwards. Every
+suite runs through the tree runner (`tree.Tree`): the same environment, process-group kill, cancel
+and keeper as a gate's suites, and the same suite runner (`suites.run_census`).
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-from gates.census import ENV_OUT, failure_count
+from gates.census import failure_count
 from gates.manifest import Suite, load_manifest
 from gates.pins import Pin, PinStale, apply_pin, load_pins
+from orchestrator.box.suites import run_census
+from orchestrator.box.tree import Tree
 
 KILLED, SURVIVED, STALE, NOT_RUN = "KILLED", "SURVIVED", "STALE", "NOT_RUN"
 _IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "*.pyc")
 
 
-def run_pins(tree_root: str | Path, pins: list[str] | None = None, python: str = sys.executable,
+def run_pins(tree: Tree | str | Path, pins: list[str] | None = None, python: str = sys.executable,
              progress: Callable[[dict], None] | None = None, baseline: bool = True) -> list[dict]:
-    """Run the named pins (all when None) of `tree_root` against its own suites; one dict per pin:
+    """Run the named pins (all when None) of `tree` against its own suites; one dict per pin:
     {pin, suite, state, failures, expected_min, detail, duration_s}."""
-    root = Path(tree_root)
-    manifest = load_manifest(root)
-    chosen = load_pins(root, pins)
+    root = tree if isinstance(tree, Tree) else Tree(Path(tree), python=python)
+    manifest = load_manifest(root.root)
+    chosen = load_pins(root.root, pins)
     baselines: dict[str, dict] = {}
     results = []
     for pin in chosen:
@@ -45,8 +46,8 @@ def run_pins(tree_root: str | Path, pins: list[str] | None = None, python: str =
         else:
             suite = manifest.suite(pin.suite)
             if baseline and suite.name not in baselines:  # the whole suite: any part of a green suite is green
-                baselines[suite.name] = run_suite_copy(root, suite, (), python, mutate=None)
-            result = run_pin(root, pin, suite, python, baselines.get(suite.name))
+                baselines[suite.name] = run_suite_copy(root, suite, (), mutate=None)
+            result = run_pin(root, pin, suite, baselines.get(suite.name))
         if progress is not None:
             progress(result)
         results.append(result)
@@ -59,9 +60,9 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def run_pin(root: Path, pin: Pin, suite: Suite, python: str, base: dict | None) -> dict:
+def run_pin(root: Tree, pin: Pin, suite: Suite, base: dict | None) -> dict:
     t0 = time.monotonic()
-    run = run_suite_copy(root, suite, pin.select, python, mutate=pin)
+    run = run_suite_copy(root, suite, pin.select, mutate=pin)
     state, detail = judge(pin, run, base)
     return _result(pin, state, run.get("failures", 0), detail, time.monotonic() - t0)
 
@@ -74,6 +75,8 @@ def _result(pin: Pin, state: str, failures: int, detail: str, duration_s: float)
 def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
     if run.get("stale"):
         return STALE, run["stale"]
+    if run.get("cancelled"):
+        return NOT_RUN, "cancelled before its suite finished"
     if base is not None and base["failures"]:
         return SURVIVED, f"baseline red: {base['failures']} failure(s) without the mutation ({base['detail']})"
     if run.get("timed_out"):
@@ -86,46 +89,33 @@ def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
     return SURVIVED, f"only {n} failure(s), the pin expects at least {pin.expected_min}"
 
 
-def run_suite_copy(root: Path, suite: Suite, select: tuple[str, ...], python: str,
-                   mutate: Pin | None) -> dict:
+def run_suite_copy(root: Tree, suite: Suite, select: tuple[str, ...], mutate: Pin | None) -> dict:
     """Copy `root` into a fresh temp dir, apply `mutate` (if any), run the suite there, clean up."""
     with tempfile.TemporaryDirectory(prefix="regate-mutate-") as tmp:
         tree = Path(tmp) / "tree"
-        shutil.copytree(root, tree, ignore=_IGNORE, symlinks=True)
+        shutil.copytree(root.root, tree, ignore=_IGNORE, symlinks=True)
         if mutate is not None:
             try:
                 apply_pin(mutate, tree)
             except PinStale as e:
                 return {"stale": str(e), "failures": 0}
-        return run_suite(tree, suite, select, python)
+        return run_suite(root.at(tree), suite, select)
 
 
-def run_suite(tree: Path, suite: Suite, select: tuple[str, ...], python: str, extra_env: dict | None = None) -> dict:
-    """Run the suite (or `select` within it) under the census plugin in `tree`, as the orchestrator
-    does; returns {failures, rc, record (the census record), detail} (or timed_out). Writes nothing
-    into `tree` (the census record goes to a temp dir; no bytecode, no pytest cache)."""
-    with tempfile.TemporaryDirectory(prefix="regate-census-") as tmp:
-        out = Path(tmp) / "census.json"
-        python = os.path.abspath(python) if os.sep in python else python  # the run's cwd is the tree
-        env = {"OMP_NUM_THREADS": "1", **os.environ, ENV_OUT: str(out), "PYTHONPATH": _pythonpath(tree),
-               "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
-        args = [python, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
-                "--rootdir", str(tree), *(select or suite.selection)]
-        try:
-            p = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=suite.timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"timed_out": True, "timeout_s": suite.timeout_s, "failures": 0, "detail": "timeout"}
-        if not out.is_file():
-            tail = (p.stdout + p.stderr).strip()[-500:]
-            return {"failures": 1, "rc": p.returncode, "detail": f"no census record (rc {p.returncode}): {tail}"}
-        record = json.loads(out.read_text())
-    return {"failures": failure_count(record), "rc": p.returncode, "record": record, "detail": _summary(record)}
-
-
-def _pythonpath(tree: Path) -> str:
-    """The copy's own packages first, so the mutated engine is the one imported (not the installed one)."""
-    rest = os.environ.get("PYTHONPATH", "")
-    return str(tree) + (os.pathsep + rest if rest else "")
+def run_suite(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict | None = None) -> dict:
+    """Run the suite (or `select` within it) under the census plugin in `tree`, as a gate does;
+    returns {failures, rc, record (the census record), detail} (or timed_out)."""
+    run = run_census(tree, suite, select, env)
+    res = run.result
+    if res.timed_out:
+        return {"timed_out": True, "timeout_s": suite.timeout_s, "failures": 0, "detail": "timeout"}
+    if res.cancelled:
+        return {"cancelled": True, "failures": 0, "detail": "cancelled"}
+    if run.census is None:
+        return {"failures": 1, "rc": res.returncode,
+                "detail": f"no census record (rc {res.returncode}): {res.output.strip()[-500:]}"}
+    return {"failures": failure_count(run.census), "rc": res.returncode, "record": run.census,
+            "detail": _summary(run.census)}
 
 
 def _summary(record: dict) -> str:

@@ -8,24 +8,43 @@ A suite that needs CUDA on a box without a GPU is not run, and the record says s
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from gates.census import ENV_OUT, census_verdict
 from gates.manifest import Suite
-from orchestrator.build import tree_env
-from orchestrator.procs import run_group
+from orchestrator.box.tree import Result, Tree
 
 NO_GPU = "no CUDA gate was run: this box has no GPU"
 _MAX_NOTES = 50  # findings a suite reports without failing (margins, measured bytes), kept in the record
 
 
-def pytest_cmd(suite: Suite, junit: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
-            f"--junitxml={junit}", *suite.selection]
+@dataclass(frozen=True)
+class SuiteRun:
+    """One pytest run of a suite under the census plugin: the process, its JUnit counts, its census."""
+    result: Result
+    junit: dict | None
+    census: dict | None
+
+
+def pytest_cmd(tree: Tree, suite: Suite, junit: Path, select: tuple[str, ...] = ()) -> list[str]:
+    return [tree.python, "-m", "pytest", "-q", "-p", "gates.census", "-p", "no:cacheprovider",
+            "--rootdir", str(tree.root), f"--junitxml={junit}", *(select or suite.selection)]
+
+
+def run_census(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict[str, str] | None = None,
+               on_start: Callable[[int], None] | None = None) -> SuiteRun:
+    """Run the suite (or `select` within it) in `tree`; the JUnit XML and census record go to a temp
+    dir, so nothing is written into the tree."""
+    with tempfile.TemporaryDirectory(prefix=f"suite-{suite.name}-") as tmp:
+        junit, census_out = Path(tmp) / "junit.xml", Path(tmp) / "census.json"
+        res = tree.run(pytest_cmd(tree, suite, junit, select), suite.timeout_s, on_start=on_start,
+                       env={**(env or {}), ENV_OUT: str(census_out)})
+        return SuiteRun(res, parse_junit(junit) if junit.exists() else None,
+                        json.loads(census_out.read_text()) if census_out.exists() else None)
 
 
 def not_run(suite: Suite, why: str) -> dict:
@@ -40,19 +59,12 @@ def _base(suite: Suite) -> dict:
             "notes": []}
 
 
-def run_suite(tree: Path, suite: Suite, cancelled: Callable[[], bool] | None = None,
-              on_start: Callable[[int], None] | None = None) -> dict:
+def run_suite(tree: Tree, suite: Suite, on_start: Callable[[int], None] | None = None) -> dict:
     """The record's entry for one suite, run to completion, timeout or cancellation."""
-    rec = _base(suite)
-    with tempfile.TemporaryDirectory(prefix=f"suite-{suite.name}-") as tmp:
-        junit, census_out = Path(tmp) / "junit.xml", Path(tmp) / "census.json"
-        env = tree_env(tree) | {ENV_OUT: str(census_out)}
-        res = run_group(pytest_cmd(suite, junit), cwd=tree, env=env, timeout_s=suite.timeout_s,
-                        cancelled=cancelled, on_start=on_start)
-        rec["duration_s"], rec["pid"] = res.duration_s, res.pid
-        junit_counts = parse_junit(junit) if junit.exists() else None
-        census = json.loads(census_out.read_text()) if census_out.exists() else None
-    rec.update(judge(suite, res.returncode, res.timed_out, res.cancelled, junit_counts, census, res.output))
+    run = run_census(tree, suite, on_start=on_start)
+    res = run.result
+    rec = _base(suite) | {"duration_s": res.duration_s, "pid": res.pid}
+    rec.update(judge(suite, res.returncode, res.timed_out, res.cancelled, run.junit, run.census, res.output))
     return rec
 
 

@@ -1,4 +1,4 @@
-"""Provenance on the head: which commit is gated, and the exact bytes shipped to the box.
+"""Provenance on the driver (the machine that drives the gate): which commit is gated, and the exact bytes shipped to the box.
 
 A revision resolves to a full sha; `git archive <sha>` is the tarball; its md5 is recomputed on the
 box, which refuses a mismatch (the seed operator's "md5 both ends"). A symbolic revision (HEAD, a

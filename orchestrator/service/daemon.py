@@ -21,12 +21,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import db, gate, owed, schedule, service_queue
+from orchestrator import db, owed
+from orchestrator.driver import gate
+from orchestrator.service import schedule
+from orchestrator.service import queue as service_queue
 from orchestrator.config import Config, ConfigError
-from orchestrator.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
-from orchestrator.provenance import ProvenanceError, resolve
-from orchestrator.schedule import Clock, Schedule, Scheduler, SystemClock
-from orchestrator.service_run import CANCEL_WAIT_S, RayHandle, run_queued
+from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
+from orchestrator.driver.provenance import ProvenanceError, resolve
+from orchestrator.service.schedule import Clock, Schedule, Scheduler, SystemClock
+from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, run_queued
 
 log = logging.getLogger("regate.service")
 
@@ -68,7 +71,7 @@ class Backend:
                 raise BadRequest(str(e)) from None
 
     def index_html(self) -> str:
-        from orchestrator.report import render_index
+        from orchestrator.report.render import render_index
         with self._conn() as conn:
             return render_index(db.list_runs(conn, 500), self.config.reports_dir).read_text()
 

@@ -1,0 +1,200 @@
+"""The head's tree on a box, and the one way to run a command in it.
+
+Every process of a head (build, `engine info`, suites, mutation pins, benches) starts here, through
+`Tree.run`: the tree's environment (the tree first on PYTHONPATH, no bytecode written, the run's token
+in REGATE_RUN), a new session so `os.killpg` reaches everything the command spawned, output to a file
+(a chatty child never blocks on a full pipe), the group killed on timeout or cancel and when the
+leader exits (stragglers). The last-JSON-line protocol (`run_json`) and checkpoint resolution by the
+head's OWN engine (`checkpoint`) are here too, so no caller writes a subprocess of its own.
+
+What a dead job leaves behind is the keeper's (`keeper.py`): a detached process that holds the box
+lock's file while any process carrying this run's token is alive. A box worker killed mid-suite (its
+driver SIGKILLed, Ray tearing the worker down with its direct children) therefore cannot free the lock
+while a suite, or anything the suite started, still runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from grids.jsonline import last_json_object
+
+GRACE_S = 3.0  # between SIGTERM and SIGKILL
+TOKEN_ENV = "REGATE_RUN"  # every process of a run carries it: the keeper finds the run's processes by it
+KEEPER = Path(__file__).with_name("keeper.py")  # run by path: it imports nothing of regate
+KEEPER_READY_S = 30.0
+Cancelled = Callable[[], bool]
+
+# Run with the tree first on PYTHONPATH, so the head's own cache (and synthesizer) names the directory.
+RESOLVE = ("import json, sys\n"
+           "from engine.ckpt_cache import cached_checkpoint\n"
+           "print(json.dumps({'path': str(cached_checkpoint(**json.loads(sys.argv[1])))}))\n")
+
+
+class TreeRunError(Exception):
+    """A command of the tree failed, timed out, was cancelled or printed no JSON line; says which."""
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int | None
+    output: str  # stdout and stderr, interleaved as written
+    timed_out: bool
+    cancelled: bool
+    pid: int
+    duration_s: float
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.output.strip().splitlines()[-lines:]) or "(no output)"
+
+
+class Tree:
+    """One head's unpacked tree on a box; `token` marks every process started from it."""
+
+    def __init__(self, root: Path, token: str | None = None, cancelled: Cancelled = lambda: False,
+                 python: str = sys.executable):
+        self.root, self.token, self.cancelled, self.python = Path(root), token or new_token(), cancelled, python
+        self._keeper: socket.socket | None = None
+
+    def at(self, root: Path) -> "Tree":
+        """The same run in another tree (a mutation's copy): same token, same cancel, same keeper."""
+        other = Tree(root, self.token, self.cancelled, self.python)
+        other._keeper = self._keeper
+        return other
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment every process of the head runs in: its own tree first on the import path."""
+        env = dict(os.environ)
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *rest])
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env[TOKEN_ENV] = self.token
+        env.pop("REGATE_CENSUS_OUT", None)
+        return env | (extra or {})
+
+    def run(self, cmd: list[str], timeout_s: float, cancelled: Cancelled | None = None,
+            on_start: Callable[[int], None] | None = None, env: dict[str, str] | None = None,
+            poll_s: float = 0.2) -> Result:
+        """Run `cmd` in the tree as its own process group; the group is dead when this returns."""
+        cancelled = cancelled or self.cancelled
+        start = time.monotonic()
+        with tempfile.TemporaryFile(mode="w+b") as out:
+            proc = subprocess.Popen(cmd, cwd=self.root, env=self.env(env), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            if on_start is not None:
+                on_start(proc.pid)
+            timed_out = was_cancelled = False
+            while proc.poll() is None:
+                timed_out = time.monotonic() - start > timeout_s
+                was_cancelled = not timed_out and cancelled()
+                if timed_out or was_cancelled:
+                    break
+                time.sleep(poll_s)
+            kill_group(proc)  # on timeout or cancel; else the stragglers the leader left behind
+            out.seek(0)
+            text = out.read().decode(errors="replace")
+        return Result(proc.returncode, text, timed_out, was_cancelled, proc.pid, round(time.monotonic() - start, 3))
+
+    def run_ok(self, cmd: list[str], timeout_s: float, what: str, **kw) -> Result:
+        """`run`, with anything but exit 0 raised as TreeRunError naming `what`."""
+        res = self.run(cmd, timeout_s, **kw)
+        if res.timed_out:
+            raise TreeRunError(f"{what} timed out after {timeout_s:.0f} s (process group killed)")
+        if res.cancelled:
+            raise TreeRunError(f"{what} cancelled")
+        if res.returncode != 0:
+            raise TreeRunError(f"{what} failed (exit {res.returncode}):\n{res.tail(12)}")
+        return res
+
+    def run_json(self, cmd: list[str], timeout_s: float, what: str, **kw) -> dict:
+        """The last JSON object line `cmd` printed (a table for people may precede it)."""
+        res = self.run_ok(cmd, timeout_s, what, **kw)
+        record = last_json_object(res.output)
+        if record is None:
+            raise TreeRunError(f"{what} printed no JSON line; its output ends:\n{res.tail(12)}")
+        return record
+
+    def engine(self, *args: str) -> list[str]:
+        """The head's own `engine` command line (`python -m engine.cli ...` in this tree)."""
+        return [self.python, "-m", "engine.cli", *args]
+
+    def checkpoint(self, params: dict, timeout_s: float) -> str:
+        """The checkpoint directory the HEAD's engine names for `params` (synthesized on a cache miss)."""
+        what = f"resolving checkpoint {params} with the head's engine.ckpt_cache"
+        path = str(self.run_json([self.python, "-c", RESOLVE, json.dumps(params)], timeout_s, what).get("path"))
+        if not Path(path, "config.json").is_file():
+            raise TreeRunError(f"{what}: {path!r} is not a checkpoint directory")
+        return path
+
+    # ---- the keeper: the lock outlives this process until the run's processes are gone
+
+    def start_keeper(self) -> None:
+        mine, theirs = socket.socketpair()
+        with theirs:
+            subprocess.run([self.python, str(KEEPER), str(theirs.fileno()), self.token], pass_fds=(theirs.fileno(),),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True, check=True, timeout=KEEPER_READY_S)
+        mine.settimeout(KEEPER_READY_S)
+        if _line(mine) != "ready":  # the keeper has detached and listens: from here a dead job is covered
+            raise TreeRunError("the keeper did not start")
+        mine.settimeout(None)
+        self._keeper = mine
+
+    def hold(self, fd: int) -> None:
+        """Hand the box lock's descriptor to the keeper: the lock stays held while the keeper lives."""
+        if self._keeper is not None:
+            socket.send_fds(self._keeper, [b"hold\n"], [fd])
+            _line(self._keeper)
+
+    def reap(self) -> None:
+        """Kill and wait out every process of this run (the keeper answers once none is alive)."""
+        if self._keeper is not None:
+            self._keeper.sendall(b"reap\n")
+            _line(self._keeper)
+
+    def stop_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()  # EOF: the keeper reaps (nothing left on a clean end) and exits
+            self._keeper = None
+
+
+def _line(sock: socket.socket) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(64)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode().strip()
+
+
+def new_token() -> str:
+    return f"run-{secrets.token_hex(8)}"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the whole group, then SIGKILL what is left after a grace period; reap the leader."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        proc.wait()
+        return
+    try:
+        proc.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
