@@ -29,14 +29,14 @@ def disabled_line(reason: str) -> str:
 def warm_and_check() -> str | None:
     """Build the CUDA tile GEMM and run every table row of both kernels once against the
     reference; None when all pass, else why not. An sm_90 box must build both."""
-    from kernels import tile_gemm, tuning
+    from kernels import table
     from kernels.nvfp4_gemm import check, tile_available
 
     ok, why = tile_available()
     if not ok:
         return why
-    for kernel, table in (("tile", tile_gemm.TABLE), ("triton", tuning.TABLE)):
-        ms = sorted({min(max_m, 256) for max_m, _ in table} | {1})
+    for kernel, rows in (("tile", table.TILE), ("triton", table.TRITON)):
+        ms = sorted({min(max_m, 256) for max_m, _ in rows} | {1})
         try:
             errs = check(ms=tuple(ms), n=WARM_N, k=WARM_K, kernel=kernel)
         except Exception as e:  # a compile or launch failure is a degraded build, reported in the marker

@@ -12,13 +12,14 @@ Two kernels, one contract:
   the checkpoint layout (`Nvfp4Weight.release_checkpoint_layout`): the device keeps the packed bytes
   once, and `Nvfp4Weight.checkpoint_layout()` rebuilds them from the operand on demand.
 
-Each kernel's algorithm per M comes from a fixed table (`kernels/tuning.py`, `tile_gemm.TABLE`);
+Each kernel's algorithm per M comes from a fixed table (`kernels/table.py`: TILE, TRITON);
 nothing is autotuned at call time. Every call allocates through torch's
 caching allocator, passes the global scale by value and never syncs the host, so it records into
 a CUDA graph.
 
-This module reads top to bottom: backend contract (`available`, `prepare`, `matmul`), launcher
-(`nvfp4_gemm`), torch reference (`reference_gemm`, `decode_e2m1_bits`, `decode_e4m3_bits`), check.
+This module reads top to bottom: backend contract (`available`, `prepare`, `matmul`), torch
+reference (`reference_gemm`, `decode_e2m1_bits`, `decode_e4m3_bits`), check. The Triton launcher
+`nvfp4_gemm` is kernels/triton_gemm.py's, re-exported here.
 Triton is imported lazily: on a machine without it the module still imports and `available()`
 says why not.
 """
@@ -30,10 +31,12 @@ import os
 import torch
 
 from engine.nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
-from kernels import tuning
+from kernels import table
+from kernels.triton_gemm import check_weight, nvfp4_gemm, permute_x_for_mma, sm_count
 
 SM90 = (9, 0)
-_OUT_SCALE_SHIFT = 2.0**22  # the 2^-14 of the E2M1 trick times the 2^-8 of the E4M3 trick
+__all__ = ["available", "tile_available", "prepare", "matmul", "nvfp4_gemm", "permute_x_for_mma", "reference_gemm",
+           "check"]
 
 
 # ---------------------------------------------------------------- backend contract
@@ -72,7 +75,7 @@ def tile_available() -> tuple[bool, str]:
 
 def prepare(w: Nvfp4Weight) -> None:
     """Once at load: check the operand, repack it for the tile GEMM where it can, warm the kernels."""
-    _check_weight(w.packed, w.block_scale, w.name)
+    check_weight(w.packed, w.block_scale, w.name)
     from kernels import tile_layout
 
     op = None
@@ -92,7 +95,7 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     from kernels import tile_gemm
 
     if w.kernel_operand is not None:  # every M; the checkpoint layout is released
-        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=_sm_count(x.device))
+        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device))
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
@@ -102,10 +105,10 @@ def _warm_tile(op) -> None:
     """One call per table row, so nothing loads lazily during a CUDA-graph capture."""
     from kernels import tile_gemm
 
-    for max_m, _ in tile_gemm.TABLE:
+    for max_m, _ in table.TILE:
         m = min(max_m, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
-                            sms=_sm_count(op.words.device))
+                            sms=sm_count(op.words.device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,96 +116,9 @@ def _warm(n: int, k: int, device: torch.device) -> None:
     """Run each table row once for (N, K) so Triton compiles before any CUDA-graph capture."""
     packed = torch.zeros(n, k // 2, dtype=torch.uint8, device=device)
     scale = torch.zeros(n, k // BLOCK, dtype=torch.uint8, device=device)
-    for max_m, _ in tuning.TABLE:
+    for max_m, _ in table.TRITON:
         m = min(max_m, 256)
         nvfp4_gemm(torch.zeros(m, k, dtype=torch.bfloat16, device=device), packed, scale, 1.0)
-
-
-# ---------------------------------------------------------------- launcher
-
-H200_SMS = 132  # used off-GPU (Triton's CPU interpreter), so split-K decisions match the H200's
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return H200_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _check_weight(packed: torch.Tensor, block_scale: torch.Tensor, name: str) -> None:
-    if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise ValueError(f"{name}: packed must be uint8 [N, K/2], found {packed.dtype} {tuple(packed.shape)}")
-    n, half_k = packed.shape
-    if block_scale.shape != (n, half_k * 2 // BLOCK) or block_scale.element_size() != 1:
-        raise ValueError(f"{name}: block_scale must be 1-byte [{n}, {half_k * 2 // BLOCK}], "
-                         f"found {block_scale.dtype} {tuple(block_scale.shape)}")
-    if packed.stride(1) != 1 or block_scale.stride(1) != 1:
-        raise ValueError(f"{name}: packed and block_scale need unit stride along K")
-
-
-def _check_operands(x, packed, block_scale, name: str) -> tuple[int, int, int]:
-    """(M, K, N) of a valid call, else a ValueError naming the tensor, expected vs found."""
-    if x.dim() != 2 or x.dtype != torch.bfloat16:
-        raise ValueError(f"{name}: x must be bf16 [M, K], found {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    if k % BLOCK:
-        raise ValueError(f"{name}: K must be a multiple of {BLOCK}, found K={k}")
-    _check_weight(packed, block_scale, name)
-    if packed.shape[1] * 2 != k:
-        raise ValueError(f"{name}: x has K={k} but packed [N, K/2] has K={packed.shape[1] * 2}")
-    return m, k, packed.shape[0]
-
-
-def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
-               *, config: tuning.KernelConfig | None = None, out: torch.Tensor | None = None,
-               name: str = "nvfp4_gemm") -> torch.Tensor:
-    """y = x @ dequant(packed, block_scale, global_scale)^T, bf16 [M, N].
-
-    `config` overrides the table (the benchmark's sweep); `out` is written instead of a fresh tensor.
-    """
-    m, k, n = _check_operands(x, packed, block_scale, name)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    from kernels import nvfp4_triton as kt  # after validation: bad input errors need no Triton
-
-    cfg = config or tuning.config_for(m)
-    block_k, even_k = tuning.block_k_for(k, cfg)
-    splits, k_per_split = tuning.split_k(m, n, k, cfg, block_k, _sm_count(x.device))
-    y = _output(out, m, n, x.device, name)
-    out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    grid = (_cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m), splits)
-    words = packed.view(torch.int32)  # [N, K/8]: K % 16 == 0 makes every row whole words
-    args = (x, words, block_scale.view(torch.uint8), out, m, n, k, k_per_split,
-            x.stride(0), words.stride(0), block_scale.stride(0), n, m * n,
-            float(global_scale) * _OUT_SCALE_SHIFT)
-    if cfg.algo == "mma":
-        args = (permute_x_for_mma(x), *args[1:])
-    kernel = kt.gemv_kernel if cfg.algo == "gemv" else kt.mma_kernel
-    kernel[grid](*args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=even_k,
-                 SPLIT=splits, NUM_STAGES=cfg.num_stages, USE_ASM=x.is_cuda, num_warps=cfg.num_warps)
-    if splits > 1:
-        block = 1024
-        kt.reduce_splits_kernel[(_cdiv(m * n, block),)](out, y, m * n, SPLIT=splits, BLOCK=block)
-    return y
-
-
-def permute_x_for_mma(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> x with each 8 columns in the MMA kernel's weight order 0 4 1 5 2 6 3 7 (a copy)."""
-    m, k = x.shape
-    return x.view(m, k // 8, 2, 4).transpose(-1, -2).reshape(m, k)
-
-
-def _output(out: torch.Tensor | None, m: int, n: int, device, name: str) -> torch.Tensor:
-    if out is None:
-        return torch.empty(m, n, dtype=torch.bfloat16, device=device)
-    if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"{name}: out must be contiguous bf16 [{m}, {n}], found {out.dtype} {tuple(out.shape)}")
-    return out
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------- torch reference
@@ -257,7 +173,7 @@ def check(ms=(1, 2, 3, 16, 17, 64, 256), n: int = 1000, k: int = 512, device="cu
         from kernels.tile_layout import repack
 
         op = repack(packed, scale, "check")
-        run = lambda x, out: tile_gemm(x, op, gs, out=out, sms=_sm_count(x.device))  # noqa: E731
+        run = lambda x, out: tile_gemm(x, op, gs, out=out, sms=sm_count(x.device))  # noqa: E731
     elif kernel == "triton":
         run = lambda x, out: nvfp4_gemm(x, packed, scale, gs, out=out)  # noqa: E731
     else:

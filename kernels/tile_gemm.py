@@ -9,19 +9,20 @@ a register ring of weights (f40e3dc) and wgmma clusters sharing x by multicast (
 
 Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
 TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
-marker. Reads the tile layout of kernels/tile_layout.py. Every call allocates through torch's caching
+marker. Reads the tile layout of kernels/tile_layout.py; its configs and per-M table are kernels/table.py's. Every call allocates through torch's caching
 allocator and launches on the current stream, so it records into CUDA graphs.
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from kernels import tuning
-from kernels.tile_layout import K_GROUP, OUT_SHIFT, ROW_TILE, TileOperand
+from kernels import table
+from kernels.table import Config, WgmmaConfig
+from kernels.tile_layout import K_GROUP, OUT_SHIFT, TileOperand
+from kernels.triton_gemm import nvfp4_gemm
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
@@ -29,96 +30,9 @@ SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
-# (rows_per_warp, warps, min_ctas) instantiated in csrc/nvfp4_tile_gemm.cu, for every m_tiles and x_shared.
-BUILT = ((1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (4, 4, 1), (2, 4, 4), (2, 8, 2), (1, 8, 3))
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    m_tiles: int  # 8 * m_tiles rows of x per M block (1, 2, 4, 8)
-    rows_per_warp: int  # 16-row tiles per warp (1, 2, 4)
-    warps: int  # per CTA (4, 8)
-    x_shared: bool = False  # stage x in shared memory once per CTA (else every warp reads it via L1)
-    min_ctas: int = 1  # CTAs per SM the registers must allow (__launch_bounds__'s second argument)
-
-    def __post_init__(self):
-        if self.m_tiles not in (1, 2, 4, 8):
-            raise ValueError(f"TileConfig.m_tiles: expected 1, 2, 4 or 8, found {self.m_tiles}")
-        if (self.rows_per_warp, self.warps, self.min_ctas) not in BUILT:
-            raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas) "
-                             f"{(self.rows_per_warp, self.warps, self.min_ctas)} is not built; built: {BUILT}")
-
-    @property
-    def cta_rows(self) -> int:  # weight rows per CTA
-        return ROW_TILE * self.rows_per_warp * self.warps
-
-    @property
-    def cta_m(self) -> int:  # rows of x per CTA
-        return 8 * self.m_tiles
-
-
-# instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
-WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
-WGMMA_MAX_BM_2_ROW_BLOCKS = 64
-
-
-@dataclass(frozen=True)
-class WgmmaConfig:
-    block_m: int  # rows of x per CTA: the wgmma's N
-    warpgroups: int = 2  # per CTA
-    row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
-
-    def __post_init__(self):
-        if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
-            raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
-                             f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
-        if self.row_blocks == 2 and self.block_m > WGMMA_MAX_BM_2_ROW_BLOCKS:
-            raise ValueError(f"WgmmaConfig: row_blocks 2 needs block_m <= {WGMMA_MAX_BM_2_ROW_BLOCKS} (accumulator "
-                             f"registers), found {self.block_m}")
-
-    @property
-    def cta_rows(self) -> int:
-        return 64 * self.warpgroups * self.row_blocks
-
-    @property
-    def cta_m(self) -> int:
-        return self.block_m
-
-
-Config = TileConfig | WgmmaConfig
-
-# (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
-# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
-# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up). The M <= 8 row
-# from the 2026-12-02 01:4x UTC sweep at M 8 and 12 (head shape): M=8 mma.sync 0.195 ms against the
-# wgmma row's 0.214; at M=12 the wgmma row stays (0.231; its best rival, bm16 wg2 rb1, 0.229).
-TABLE: tuple[tuple[int, Config], ...] = (
-    (8, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186; M=8: 0.195
-    (16, WgmmaConfig(16, 1, 2)),  # M=16: 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,4,4,shared: 0.253)
-    (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.359 ms (bm64 wg2 rb2: 0.374)
-    (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
-    (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
-)
 SPLIT_MAX = 16
-# The tile-layout kernels serve every M (the last row takes M blocks of 256); the Triton kernels
-# serve only what the tile layout cannot hold (see nvfp4_gemm.py).
-
-
-def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
-    """The fastest config per swept M of `shape` (kernels/tile_sweep.py), as a TABLE."""
-    from kernels.sweep import table_from_sweep as fastest_per_m
-
-    return fastest_per_m(results, shape, make=lambda **d: config_from_dict(d))
-
-
-def config_from_dict(d: dict) -> Config:
-    """A config from its `__dict__` (sweep and bench JSON)."""
-    return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
-
-
-def config_for(m: int, table=None) -> Config:
-    """The table row for M rows of activations (M >= 1); the same lookup as the Triton table's."""
-    return tuning.config_for(m, table or TABLE)
+# The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
+# kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
 
 def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
@@ -173,7 +87,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned rows
-    cfg = config or config_for(m)
+    cfg = config or table.config_for(m, table.TILE)
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = k // K_GROUP // gps
@@ -186,7 +100,5 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
     if op.n > op.n_main:
-        from kernels.nvfp4_gemm import nvfp4_gemm
-
         y[:, op.n_main:] = nvfp4_gemm(x, op.tail_packed, op.tail_scale, global_scale, name="tile tail")
     return y

@@ -2,8 +2,8 @@
 # The one script sent to the GPU box for the packed NVFP4 GEMM (issue 4). Stages, in the order given:
 #   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
 #   tile   build the CUDA tile GEMM extension, its tests, the marker
-#   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/tile_gemm.py TABLE
-#   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/tuning.py
+#   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/table.py TILE
+#   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/table.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
 #   ncu    Nsight Compute on the head GEMM (NCU_M rows): speed of light + memory workload
@@ -29,18 +29,18 @@ stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
   $PY -c 'from kernels.build import build; print(build()[0])'
 }
 stage_tilesweep() {
-  $PY -m kernels.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
+  $PY -m kernels.tune.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
     --tile-kinds "${SWEEP_KINDS:-sync,wgmma}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
 }
-stage_tilebench() { $PY -m kernels.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
+stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
-  $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"
+  $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"
 }
-stage_bench() { $PY -m kernels.bench; }
-stage_tune() {  # sweep, then bench with the sweep's fastest configs (copy them into kernels/tuning.py)
-  $PY -m kernels.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
+stage_bench() { $PY -m kernels.tune.bench; }
+stage_tune() {  # sweep, then bench with the sweep's fastest configs (copy them into kernels/table.py)
+  $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
     --sweep-out "$OUT/sweep.json" | grep -v '^{'
-  $PY -m kernels.bench --table-from "$OUT/sweep.json"
+  $PY -m kernels.tune.bench --table-from "$OUT/sweep.json"
 }
 stage_rsprobe() {
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ikernels/csrc -o /tmp/probe_wgmma_rs \
@@ -53,8 +53,9 @@ stage_ncu() {  # NCU_M rows; NCU_CFG a config's JSON, e.g. '{"block_m": 64}' (de
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
     $PY -c "
 import torch
-from kernels.bench import random_packed
-from kernels.tile_gemm import config_from_dict, tile_gemm
+from kernels.tune.bench import random_packed
+from kernels.table import config_from_dict
+from kernels.tile_gemm import tile_gemm
 from kernels.tile_layout import repack
 import json
 cfg = config_from_dict(json.loads('${NCU_CFG:-}')) if '${NCU_CFG:-}' else None

@@ -1,4 +1,4 @@
-"""CPU tests of the packed NVFP4 GEMM: the bit tricks, the reference twin, the tuning table, input
+"""CPU tests of the packed NVFP4 GEMM: the bit tricks, the reference twin, the per-M tables (kernels/table.py), input
 errors and the DISABLED build marker. No GPU and no Triton needed."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.nvfp4 import E2M1_VALUES, dequantize_raw, quantize
-from kernels import build, tuning
+from kernels import build, table
 from kernels.nvfp4_gemm import decode_e2m1_bits, decode_e4m3_bits, nvfp4_gemm, reference_gemm
 
 
@@ -69,34 +69,34 @@ def test_mismatched_shapes_are_clear_errors():
         nvfp4_gemm(x.float(), torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 4, dtype=torch.uint8), 1.0)
 
 
-def test_tuning_table_covers_every_m():
-    ms = [max_m for max_m, _ in tuning.TABLE]
+def test_triton_table_covers_every_m():
+    ms = [max_m for max_m, _ in table.TRITON]
     assert ms == sorted(ms) and ms[0] == 1
     assert ms[-1] >= 1 << 40  # the last row serves every M
     for m in list(range(1, 1025)) + [1 << 20]:
         row = next(i for i, max_m in enumerate(ms) if m <= max_m)
-        assert tuning.config_for(m) is tuning.TABLE[row][1]
+        assert table.config_for(m, table.TRITON) is table.TRITON[row][1]
         assert row == 0 or m > ms[row - 1]
     with pytest.raises(ValueError):
-        tuning.config_for(0)
+        table.config_for(0, table.TRITON)
 
 
 def test_block_k_divides_k_or_masks():
-    cfg = tuning.KernelConfig("gemv", 1, 64, 256, 4)
-    assert tuning.block_k_for(5120, cfg) == (256, True)
-    assert tuning.block_k_for(17408, cfg) == (256, True)
-    assert tuning.block_k_for(6144 + 64, cfg) == (64, True)
-    assert tuning.block_k_for(16 * 37, cfg) == (32, False)
+    cfg = table.KernelConfig("gemv", 1, 64, 256, 4)
+    assert table.block_k_for(5120, cfg) == (256, True)
+    assert table.block_k_for(17408, cfg) == (256, True)
+    assert table.block_k_for(6144 + 64, cfg) == (64, True)
+    assert table.block_k_for(16 * 37, cfg) == (32, False)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 5120, 17408), (1, 248320, 5120), (16, 5120, 6144), (256, 5120, 17408),
                                    (3, 77, 16 * 37), (64, 12288, 5120)])
 def test_split_k_partitions_k_exactly(m, n, k):
-    cfg = tuning.config_for(m)
-    bk, _ = tuning.block_k_for(k, cfg)
-    splits, per = tuning.split_k(m, n, k, cfg, bk, 132)
+    cfg = table.config_for(m, table.TRITON)
+    bk, _ = table.block_k_for(k, cfg)
+    splits, per = table.split_k(m, n, k, cfg, bk, 132)
     k_tiles = -(-k // bk)
-    assert 1 <= splits <= tuning.SPLIT_MAX and per % bk == 0 and splits * per == k_tiles * bk
+    assert 1 <= splits <= table.SPLIT_MAX and per % bk == 0 and splits * per == k_tiles * bk
     tiles = -(-n // cfg.block_n) * -(-m // cfg.block_m)
     if tiles >= 2 * 132:
         assert splits == 1
@@ -104,9 +104,9 @@ def test_split_k_partitions_k_exactly(m, n, k):
 
 def test_kernel_config_rejects_bad_blocks():
     with pytest.raises(ValueError, match="power of two"):
-        tuning.KernelConfig("gemv", 3, 64, 256, 4)
+        table.KernelConfig("gemv", 3, 64, 256, 4)
     with pytest.raises(ValueError, match="tl.dot"):
-        tuning.KernelConfig("mma", 8, 64, 256, 4)
+        table.KernelConfig("mma", 8, 64, 256, 4)
 
 
 def test_build_marker_disabled_without_gpu(monkeypatch):

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from engine.nvfp4 import Nvfp4Weight, dequantize_raw, quantize
-from kernels import tile_layout, tuning
+from kernels import table, tile_layout
 from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
                                 tile_available)
-from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, TileConfig, WgmmaConfig, tile_gemm
+from kernels.table import BUILT, WGMMA_BLOCK_M, TileConfig, WgmmaConfig
+from kernels.tile_gemm import tile_gemm
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not available()[0], reason=f"kernel: {available()[1]}")]
 MS = (1, 2, 3, 16, 17, 64, 256)
@@ -74,7 +75,7 @@ def test_wgmma_x_tiles_kernel_equals_its_torch_twin(m, block_m):
     assert torch.equal(extension().wgmma_x_tiles(x, block_m), wgmma_x_tiles(x, block_m))
 
 
-@pytest.mark.parametrize("cfg", sorted({c for _, c in tuning.TABLE}, key=repr))
+@pytest.mark.parametrize("cfg", sorted({c for _, c in table.TRITON}, key=repr))
 def test_every_table_row_at_every_m(cfg):
     from kernels.nvfp4_gemm import random_weight
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import json
 
-from kernels.sweep import run_sweep
 import pytest
 
-from kernels.tile_gemm import TileConfig, WgmmaConfig, config_for
-from kernels.tile_sweep import candidates, sweep
+from kernels import table
+from kernels.table import TileConfig, WgmmaConfig
+from kernels.tune.sweep import run_sweep
+from kernels.tune.tile_sweep import candidates, sweep
 
 
 def test_run_sweep_skips_wrong_and_failing_configs_and_keeps_the_fastest(tmp_path, capsys):
@@ -46,7 +47,7 @@ def test_tile_candidates_cover_m_in_one_block_and_skip_spilling_shapes():
 def test_tile_candidates_of_one_kind_keep_the_incumbent():
     for m in (1, 16, 64, 256):
         cands = candidates(m, kinds=("wgmma",))
-        assert cands[0] == config_for(m)  # the table's current choice is always timed beside them
+        assert cands[0] == table.config_for(m, table.TILE)  # the table's current choice is always timed beside them
         assert all(isinstance(c, WgmmaConfig) for c in cands[1:])
     with pytest.raises(ValueError, match="subset"):
-        sweep({}, [1], kinds=("wmma",))
+        sweep({}, [1], None, time_fn=None, kinds=("wmma",))

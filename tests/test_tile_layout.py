@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine.nvfp4 import dequantize_raw
-from kernels import tile_gemm, tile_layout
+from kernels import table, tile_gemm, tile_layout
+from kernels.tune.tile_sweep import table_from_sweep
 from kernels.tile_layout import emulate_dequant, emulate_fragments, repack
 
 
@@ -74,17 +75,17 @@ def test_bad_inputs_name_the_tensor():
 
 def test_tile_config_validation_and_table():
     with pytest.raises(ValueError, match="m_tiles"):
-        tile_gemm.TileConfig(3, 1, 4)
+        table.TileConfig(3, 1, 4)
     with pytest.raises(ValueError, match="is not built"):
-        tile_gemm.TileConfig(1, 4, 8)
-    assert tile_gemm.config_for(1) == tile_gemm.TABLE[0][1]
-    assert tile_gemm.config_for(10**6) == tile_gemm.TABLE[-1][1]
+        table.TileConfig(1, 4, 8)
+    assert table.config_for(1, table.TILE) == table.TILE[0][1]
+    assert table.config_for(10**6, table.TILE) == table.TILE[-1][1]
     with pytest.raises(ValueError, match="M must be >= 1"):
-        tile_gemm.config_for(0)
+        table.config_for(0, table.TILE)
 
 
 def test_split_k_only_when_the_ctas_cannot_fill_the_sms():
-    cfg = tile_gemm.TileConfig(1, 2, 4)
+    cfg = table.TileConfig(1, 2, 4)
     assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
     gps = tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132)  # 40 CTAs: split K
     assert 68 % gps == 0 and 68 // gps > 1 and 40 * (68 // gps) >= 132
@@ -95,9 +96,9 @@ def test_table_from_sweep_takes_the_fastest_per_m():
             {"shape": "lm_head", "m": 1, "ms": 0.1, "config": {"m_tiles": 1, "rows_per_warp": 1, "warps": 4}},
             {"shape": "lm_head", "m": 64, "ms": 0.5, "config": {"m_tiles": 8, "rows_per_warp": 2, "warps": 4,
                                                               "x_shared": True}}]
-    table = tile_gemm.table_from_sweep(rows)
-    assert table[0] == (1, tile_gemm.TileConfig(1, 1, 4))
-    assert table[-1][0] > 10**9 and table[-1][1].x_shared
+    rows_table = table_from_sweep(rows)
+    assert rows_table[0] == (1, table.TileConfig(1, 1, 4))
+    assert rows_table[-1][0] > 10**9 and rows_table[-1][1].x_shared
 
 
 def test_wgmma_k_order_puts_x_where_the_a_fragment_needs_it():
@@ -148,23 +149,23 @@ def test_generated_wgmma_header_is_current():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert (csrc / "wgmma_rs.cuh").read_text() == gen.header(), "run kernels/csrc/gen_wgmma_rs.py"
-    assert set(gen.WIDTHS) == set(tile_gemm.WGMMA_BLOCK_M)
+    assert set(gen.WIDTHS) == set(table.WGMMA_BLOCK_M)
 
 
 def test_wgmma_config_validation_split_and_json_round_trip():
     with pytest.raises(ValueError, match="block_m"):
-        tile_gemm.WgmmaConfig(48)
+        table.WgmmaConfig(48)
     with pytest.raises(ValueError, match="warpgroups"):
-        tile_gemm.WgmmaConfig(64, 3)
+        table.WgmmaConfig(64, 3)
     with pytest.raises(ValueError, match="accumulator"):
-        tile_gemm.WgmmaConfig(128, 2, 2)
-    cfg = tile_gemm.WgmmaConfig(64, 2)
+        table.WgmmaConfig(128, 2, 2)
+    cfg = table.WgmmaConfig(64, 2)
     assert tile_gemm.groups_per_split(64, 248320, 5120, cfg, 132) == 20  # 1940 CTAs: no split
     gps = tile_gemm.groups_per_split(64, 5120, 17408, cfg, 132)  # 40 CTAs: split K
     assert 68 % gps == 0 and 40 * (68 // gps) >= 132
-    assert tile_gemm.WgmmaConfig(64, 2, 2).cta_rows == 256
-    for c in (cfg, tile_gemm.WgmmaConfig(32, 1, 2), tile_gemm.TileConfig(2, 4, 4, x_shared=True)):
-        assert tile_gemm.config_from_dict(dict(c.__dict__)) == c
+    assert table.WgmmaConfig(64, 2, 2).cta_rows == 256
+    for c in (cfg, table.WgmmaConfig(32, 1, 2), table.TileConfig(2, 4, 4, x_shared=True)):
+        assert table.config_from_dict(dict(c.__dict__)) == c
 
 
 def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():

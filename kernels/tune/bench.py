@@ -1,4 +1,4 @@
-"""Benchmark of the packed NVFP4 W4A16 GEMM: `python -m kernels.bench [--json] [--sweep]`.
+"""Benchmark of the packed NVFP4 W4A16 GEMM: `python -m kernels.tune.bench [--json] [--sweep]`.
 
 One run measures, on the same device: its read bandwidth (a large FP32 reduction), the packed
 kernel, cuBLAS BF16 on the dequantized weight (the dequant arm), torch's int4 tinygemm at group 32
@@ -6,7 +6,8 @@ kernel, cuBLAS BF16 on the dequantized weight (the dequant arm), torch's int4 ti
 and tower shapes for each M. Times are medians of many reps of calls replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph; the engine's decode runs in graphs too); each arm rotates over
 enough weight copies that the 60 MB L2 cannot serve a repeat. Prints a table for
-people, then one JSON line for machines. `--sweep` times candidate configs instead (kernels/sweep.py).
+people, then one JSON line for machines. `--sweep` / `--tile-sweep` time candidate configs instead
+(kernels/tune/sweep.py, tile_sweep.py). Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ import sys
 
 import torch
 
+from kernels import table
 from kernels.nvfp4_gemm import nvfp4_gemm
-from kernels import tuning
-from kernels import tile_gemm
 
 SCHEMA_VERSION = 2  # 2: rows gain kernel, triton_ms; config is the serving kernel's
 # Qwen3.5-27B (engine/presets.py): hidden 5120, intermediate 17408, 24 q heads x 256 (q_proj also
@@ -141,7 +141,7 @@ def bench_row(name: str, n: int, k: int, m: int, read_gbps: float) -> dict:
             "ours_ms": ours, "triton_ms": triton_ms, "tile_ms": tile_ms, "floor_ms": floor_ms, "of_floor": floor_ms / ours,
             "cublas_bf16_ms": cublas, "x_cublas": cublas / ours,
             "tinygemm_g32_ms": tiny, "x_tinygemm": None if tiny is None else tiny / ours,
-            "config": _config_json(tile_gemm.config_for(m) if tile else tuning.config_for(m))}
+            "config": _config_json(table.config_for(m, table.TILE if tile else table.TRITON))}
 
 
 def _config_json(cfg) -> dict:
@@ -173,36 +173,35 @@ def environment() -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.tune.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/sweep.py)")
+    ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/tune/sweep.py)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tile_sweep.py)")
+    ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tune/tile_sweep.py)")
     ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
     ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, wgmma)")
     ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
-    ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of TABLE")
+    ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of table.TRITON")
     a = ap.parse_args(argv)
     shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
     ms = [int(v) for v in a.ms.split(",")]
     if a.sweep:
-        from kernels.sweep import sweep
-        return sweep(shapes, ms, a.sweep_out)
+        from kernels.tune.sweep import sweep
+        return sweep(shapes, ms, a.sweep_out, time_packed)
     if a.tile_sweep:
-        from kernels.tile_sweep import sweep as tile_sweep
-        return tile_sweep(shapes, ms, a.sweep_out, kinds=tuple(a.tile_kinds.split(",")))
+        from kernels.tune.tile_sweep import sweep as tile_sweep
+        return tile_sweep(shapes, ms, a.sweep_out, time_tile, kinds=tuple(a.tile_kinds.split(",")))
     if a.tile_table_from:
-        from kernels import tile_gemm
+        from kernels.tune.tile_sweep import table_from_sweep as tile_table
         with open(a.tile_table_from) as f:
-            results = json.loads(f.readline())["results"]
-        tile_gemm.TABLE = tile_gemm.table_from_sweep(results)
-        print("tile TABLE =", tile_gemm.TABLE, file=sys.stderr)
+            table.TILE = tile_table(json.loads(f.readline())["results"])
+        print("TILE =", table.TILE, file=sys.stderr)
     if a.table_from:
-        from kernels.sweep import table_from_sweep
+        from kernels.tune.sweep import table_from_sweep
         with open(a.table_from) as f:
-            tuning.TABLE = table_from_sweep(json.loads(f.readline())["results"])
-        print("TABLE =", tuning.TABLE, file=sys.stderr)
+            table.TRITON = table_from_sweep(json.loads(f.readline())["results"])
+        print("TRITON =", table.TRITON, file=sys.stderr)
     read_gbps = read_bandwidth_gbps()
     rows = [bench_row(name, n, k, m, read_gbps) for name, (n, k) in shapes.items() for m in ms]
     if not a.json:

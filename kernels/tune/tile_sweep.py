@@ -1,10 +1,13 @@
 """Offline tuning of the CUDA tile GEMM: time every built config per (shape, M), each checked against
-the reference first, so `tile_gemm.TABLE` can be fixed by a person (`python -m kernels.bench
+the reference first, so `kernels/table.py`'s TILE can be fixed by a person (`python -m kernels.tune.bench
 --tile-sweep [--shapes ...] [--ms ...]`). Prints every timing, the best per (shape, M), one JSON line.
 """
 from __future__ import annotations
 
-from kernels.tile_gemm import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig
+from kernels import table
+from kernels.table import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig, config_from_dict
+from kernels.tune.sweep import run_sweep
+from kernels.tune.sweep import table_from_sweep as fastest_per_m
 
 
 KINDS = ("sync", "wgmma")
@@ -16,11 +19,9 @@ def candidates(m: int, kinds=KINDS) -> list[Config]:
     wgmma: 1 or 2 warpgroups, 1 or 2 row blocks (where built), at the block_m that covers M (at most
     256) and one smaller.
     The table's current config for M is always a candidate (the incumbent)."""
-    from kernels.tile_gemm import config_for
-
     need = min(8, 1 << max(0, (-(-m // 8) - 1).bit_length()))
     tiles = sorted({need, max(1, need // 2)})
-    out = [config_for(m)]
+    out = [table.config_for(m, table.TILE)]
     if "sync" in kinds:
         out += [TileConfig(mt, r, w, xs, b) for mt in tiles for r, w, b in BUILT for xs in (False, True)
                 if not (r == 4 and mt >= 4)]
@@ -55,12 +56,15 @@ def correct(cfg: Config, m: int) -> bool:
     return bool(torch.isfinite(y).all()) and relative_error(y, reference_gemm(x, packed, scale, gs)) <= 1e-2
 
 
-def sweep(shapes: dict, ms: list[int], out_path: str | None = None, kinds=KINDS) -> None:
-    from kernels.bench import time_tile
-    from kernels.sweep import run_sweep
+def table_from_sweep(results: list[dict], shape: str = "lm_head") -> tuple:
+    """The fastest tile config per swept M of `shape`, as a TILE table."""
+    return fastest_per_m(results, shape, make=lambda **d: config_from_dict(d))
 
+
+def sweep(shapes: dict, ms: list[int], out_path: str | None, time_fn, kinds=KINDS) -> None:
+    """`time_fn`: the bench's `time_tile` (passed in: the sweep and the bench do not import each other)."""
     unknown = set(kinds) - set(KINDS)
     if unknown:
         raise ValueError(f"tile sweep kinds: expected a subset of {KINDS}, found {sorted(unknown)}")
     run_sweep("tile_gemm", shapes, ms, out_path, candidates=lambda m: candidates(m, kinds), correct=correct,
-              time_fn=time_tile, label=label)
+              time_fn=time_fn, label=label)

@@ -1,8 +1,9 @@
-"""Offline tuning: time candidate configs per (shape, M) so kernels/tuning.py's table can be fixed.
+"""Offline tuning: time candidate configs per (shape, M) so the Triton table (`kernels/table.py`
+TRITON) can be fixed.
 
-Run on the GPU box through `python -m kernels.bench --sweep [--shapes ...] [--ms ...]`. It prints
+Run on the GPU box through `python -m kernels.tune.bench --sweep [--shapes ...] [--ms ...]`. It prints
 every timing, the best config per (shape, M), and one JSON line; nothing is written to the table
-automatically (a person reads it, edits TABLE and records why in docs/KERNEL-NOTES.md).
+automatically (a person reads it, edits the table and records why in docs/KERNEL-NOTES.md).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import os
 import sys
 
-from kernels.tuning import KernelConfig
+from kernels.table import KernelConfig
 
 
 def candidates(m: int) -> list[KernelConfig]:
@@ -60,13 +61,12 @@ def correct(cfg: KernelConfig, m: int) -> bool:
     return bool(torch.isfinite(y).all()) and relative_error(y, reference_gemm(x, packed, scale, gs)) <= 1e-2
 
 
-def sweep(shapes: dict, ms: list[int], out_path: str | None = None) -> None:
-    """The Triton kernels' configs (SWEEP_ALGOS=gemv,mma filters them)."""
-    from kernels.bench import time_packed
-
+def sweep(shapes: dict, ms: list[int], out_path: str | None, time_fn) -> None:
+    """The Triton kernels' configs (SWEEP_ALGOS=gemv,mma filters them); `time_fn` is the bench's
+    `time_packed` (passed in: the sweep and the bench do not import each other)."""
     algos = os.environ.get("SWEEP_ALGOS", "gemv,mma").split(",")
     run_sweep("nvfp4_gemm", shapes, ms, out_path, candidates=lambda m: [c for c in candidates(m) if c.algo in algos],
-              correct=correct, time_fn=time_packed, label=label)
+              correct=correct, time_fn=time_fn, label=label)
 
 
 def run_sweep(kind: str, shapes: dict, ms: list[int], out_path: str | None, *, candidates, correct, time_fn,

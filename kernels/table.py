@@ -1,0 +1,158 @@
+"""The per-M tables of the packed NVFP4 GEMM, in one place: `TILE` (the CUDA tile-layout kernels, the
+fast path at every M) and `TRITON` (the Triton kernels on the checkpoint layout), their config types,
+the one lookup `config_for(m, table)`, and the Triton kernels' K-block and split-K rules.
+
+Tuned once, offline, on the H200 (`python -m kernels.tune.bench --sweep` / `--tile-sweep`, see
+docs/KERNEL-NOTES.md) and fixed here: the launchers never autotune at call time, so start-up is
+deterministic and every call is CUDA-graph safe. No Triton here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kernels.tile_layout import ROW_TILE
+
+Algo = Literal["gemv", "mma"]
+SPLIT_MAX = 16
+MIN_BLOCK_K = 32  # BLOCK_K/2 bytes feed one tl.dot K of >= 16
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    algo: Algo
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"KernelConfig.{name}: expected a power of two, found {v}")
+        if self.block_k < MIN_BLOCK_K:
+            raise ValueError(f"KernelConfig.block_k: expected >= {MIN_BLOCK_K}, found {self.block_k}")
+        if self.algo == "mma" and (self.block_m < 16 or self.block_n < 16):
+            raise ValueError(f"KernelConfig: tl.dot needs block_m, block_n >= 16, found {self}")
+
+
+# (largest M the row serves, config), ascending; the last row serves every larger M.
+# From `scripts/device_kernels.sh tune` on the H200, 2026-11-30 (lm_head 248320 x 5120; the fastest
+# of 22/12/12/15 candidates at M = 1/16/64/256; docs/KERNEL-NOTES.md has the runners-up).
+TRITON: tuple[tuple[int, KernelConfig], ...] = (
+    (1, KernelConfig("gemv", 1, 32, 512, 4)),  # 0.269 ms (the best MMA config: 0.407 ms)
+    (16, KernelConfig("mma", 16, 64, 256, 4, 3)),  # 0.402 ms at M=16
+    (64, KernelConfig("mma", 64, 128, 128, 8, 3)),  # 0.571 ms at M=64
+    (1 << 62, KernelConfig("mma", 256, 128, 128, 8, 3)),  # 1.289 ms at M=256
+)
+
+
+# (rows_per_warp, warps, min_ctas) instantiated in csrc/nvfp4_tile_gemm.cu, for every m_tiles and x_shared.
+BUILT = ((1, 4, 1), (1, 8, 1), (2, 4, 1), (2, 8, 1), (4, 4, 1), (2, 4, 4), (2, 8, 2), (1, 8, 3))
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    m_tiles: int  # 8 * m_tiles rows of x per M block (1, 2, 4, 8)
+    rows_per_warp: int  # 16-row tiles per warp (1, 2, 4)
+    warps: int  # per CTA (4, 8)
+    x_shared: bool = False  # stage x in shared memory once per CTA (else every warp reads it via L1)
+    min_ctas: int = 1  # CTAs per SM the registers must allow (__launch_bounds__'s second argument)
+
+    def __post_init__(self):
+        if self.m_tiles not in (1, 2, 4, 8):
+            raise ValueError(f"TileConfig.m_tiles: expected 1, 2, 4 or 8, found {self.m_tiles}")
+        if (self.rows_per_warp, self.warps, self.min_ctas) not in BUILT:
+            raise ValueError(f"TileConfig: (rows_per_warp, warps, min_ctas) "
+                             f"{(self.rows_per_warp, self.warps, self.min_ctas)} is not built; built: {BUILT}")
+
+    @property
+    def cta_rows(self) -> int:  # weight rows per CTA
+        return ROW_TILE * self.rows_per_warp * self.warps
+
+    @property
+    def cta_m(self) -> int:  # rows of x per CTA
+        return 8 * self.m_tiles
+
+
+# instantiated in csrc/nvfp4_wgmma_gemm.cu, each with 1 or 2 warpgroups; 2 row blocks only up to 64
+WGMMA_BLOCK_M = (16, 32, 64, 128, 256)
+WGMMA_MAX_BM_2_ROW_BLOCKS = 64
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_m: int  # rows of x per CTA: the wgmma's N
+    warpgroups: int = 2  # per CTA
+    row_blocks: int = 1  # 64-row blocks of W per warpgroup (one wgmma each per step, sharing x)
+
+    def __post_init__(self):
+        if self.block_m not in WGMMA_BLOCK_M or {self.warpgroups, self.row_blocks} - {1, 2}:
+            raise ValueError(f"WgmmaConfig: block_m must be one of {WGMMA_BLOCK_M}, warpgroups and row_blocks "
+                             f"1 or 2; found {self.block_m}, {self.warpgroups}, {self.row_blocks}")
+        if self.row_blocks == 2 and self.block_m > WGMMA_MAX_BM_2_ROW_BLOCKS:
+            raise ValueError(f"WgmmaConfig: row_blocks 2 needs block_m <= {WGMMA_MAX_BM_2_ROW_BLOCKS} (accumulator "
+                             f"registers), found {self.block_m}")
+
+    @property
+    def cta_rows(self) -> int:
+        return 64 * self.warpgroups * self.row_blocks
+
+    @property
+    def cta_m(self) -> int:
+        return self.block_m
+
+
+Config = TileConfig | WgmmaConfig
+
+# (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
+# From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
+# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up). The M <= 8 row
+# from the 2026-12-02 01:4x UTC sweep at M 8 and 12 (head shape): M=8 mma.sync 0.195 ms against the
+# wgmma row's 0.214; at M=12 the wgmma row stays (0.231; its best rival, bm16 wg2 rb1, 0.229).
+TILE: tuple[tuple[int, Config], ...] = (
+    (8, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186; M=8: 0.195
+    (16, WgmmaConfig(16, 1, 2)),  # M=16: 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,4,4,shared: 0.253)
+    (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.359 ms (bm64 wg2 rb2: 0.374)
+    (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
+    (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
+)
+def config_from_dict(d: dict) -> Config:
+    """A tile config from its `__dict__` (sweep and bench JSON)."""
+    return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)
+
+
+def config_for(m: int, table: tuple) -> KernelConfig | Config:
+    """The row of `table` (TILE or TRITON) for M rows of activations (M >= 1)."""
+    if m < 1:
+        raise ValueError(f"config_for: M must be >= 1, found {m}")
+    for max_m, cfg in table:
+        if m <= max_m:
+            return cfg
+    return table[-1][1]
+
+
+def block_k_for(k: int, cfg: KernelConfig) -> tuple[int, bool]:
+    """(BLOCK_K, EVEN_K): the largest power of two <= cfg.block_k that divides K (no K mask, wide
+    loads); else MIN_BLOCK_K with a masked K tail (K a multiple of 16 but not of 32)."""
+    bk = cfg.block_k
+    while bk >= MIN_BLOCK_K:
+        if k % bk == 0:
+            return bk, True
+        bk //= 2
+    return MIN_BLOCK_K, False
+
+
+def split_k(m: int, n: int, k: int, cfg: KernelConfig, block_k: int, sms: int) -> tuple[int, int]:
+    """(splits, K per split): split K only when the output tiles cannot fill the SMs twice over.
+
+    The splits divide the K tiles exactly (the largest divisor of the tile count not above the
+    wanted split), so the kernel's loop bounds need no clamp and every split has equal work.
+    """
+    tiles = -(-n // cfg.block_n) * -(-m // cfg.block_m)
+    k_tiles = -(-k // block_k)
+    want = min(SPLIT_MAX, -(-2 * sms // tiles), k_tiles)
+    splits = max(d for d in range(1, want + 1) if k_tiles % d == 0)
+    return splits, k_tiles // splits * block_k

@@ -1,0 +1,100 @@
+"""The import graph of regate's packages, read from the source with `ast` (nothing is imported):
+no module imports itself back through another, and no product module of kernels/ imports its
+tuning code (kernels/tune/: benchmark and offline sweeps). Imports inside functions count too: a
+lazy import is a dependency that only waits to bite."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("orchestrator", "engine", "kernels", "gates", "grids")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The regate modules `path` imports: `from a import b` is a.b when that is a module, else a."""
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(path, name, set(mods)) for name, path in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_checker_reads_imports_inside_functions(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from kernels import tile_gemm\n    import kernels.table\n")
+    assert imports_of(f, "x", {"kernels", "kernels.tile_gemm", "kernels.table"}) == {"kernels.tile_gemm",
+                                                                                   "kernels.table"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package):
+    found = [c for c in cycles(graph()) if any(m.split(".")[0] == package for m in c)]
+    assert not found, f"import cycles through {package}/: {found}"
+
+
+def test_no_product_module_of_kernels_imports_its_tuning_code():
+    g = graph()
+    product = [m for m in g if m.startswith("kernels") and not m.startswith("kernels.tune")]
+    bad = {m: sorted(d for d in g[m] if d.startswith("kernels.tune")) for m in product}
+    assert not {m: d for m, d in bad.items() if d}, bad
+    assert any(m.startswith("kernels.tune.") for m in g), "kernels/tune/ holds the tuning code"
