@@ -4,11 +4,12 @@ weight class, and the delta between the arms, computed from the record's weight 
 Residency is a property of the weight (DESIGN, `Nvfp4Weight.keep_dequant_b`):
 - tower: packed in both arms on every backend; a backend without an fp4 GEMM dequantizes a tower
   projection into a per-call temporary, which is never resident;
-- head, `dequant` arm: one BF16 copy (2*N*K bytes); the packed bytes are dropped at load;
-- head, `packed` arm, backend with an fp4 GEMM: the packed bytes alone;
-- head, `packed` arm, backend without one: the packed bytes plus one resident BF16 operand.
-So the packed head saves the BF16 copy minus its own packed bytes on CUDA and costs its packed bytes
-on plain CPU (the seed's table for the 27B head: CUDA -1.70 GiB, plain CPU +0.67 GiB).
+- lm_head (weight class `head`), `dequant` arm: one BF16 copy (2*N*K bytes); the packed bytes are
+  dropped at load;
+- lm_head, `packed` arm, backend with an fp4 GEMM: the packed bytes alone;
+- lm_head, `packed` arm, backend without one: the packed bytes plus one resident BF16 operand.
+So the packed lm_head saves the BF16 copy minus its own packed bytes on CUDA and costs its packed
+bytes on plain CPU (the seed's table for the 27B lm_head: CUDA -1.70 GiB, plain CPU +0.67 GiB).
 The measured residency in the record (one backend, one arm) is checked against this model.
 """
 from __future__ import annotations
