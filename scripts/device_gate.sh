@@ -149,9 +149,10 @@ stage_attribute() {
       PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m engine.cli attribute --model "$ck" --backend cuda \
         --compare --lengths "${ATTR_LENGTHS:-8,136}" --batch "$B" --iters "${ATTR_ITERS:-3}" --json \
         > "$OUT/attribute/27b-${L}L-b$B.json" 2> "$OUT/attribute/27b-${L}L-b$B.txt"
-      echo "rc=$?"; cat "$OUT/attribute/27b-${L}L-b$B.txt" | tail -60
+      echo "rc=$?"; tail -"${ATTR_TAIL:-40}" "$OUT/attribute/27b-${L}L-b$B.txt"
     done
   done
+  tar czf "$OUT/attribute.tgz" -C "$OUT" attribute && rm -r "$OUT/attribute"  # few files come back
 }
 
 for s in "$@"; do

@@ -32,6 +32,24 @@ OTHER = "other"
 # Device work the step is made of. Kineto also puts `gpu_user_annotation` spans (a range's extent
 # on the device timeline) on the device: they are not work, and counting them would count it twice.
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+# Device events that are neither work nor annotations: CUPTI's synchronization records (torch < 2.12
+# names them only; its events carry no activity type).
+SYNC_NAMES = ("Stream Wait Event", "Event Sync", "Context Sync", "Stream Sync", "cuda_sync")
+
+
+def is_device_work(e) -> bool:
+    """A device event that is a kernel, copy or memset. torch >= 2.12 says so (`activity_type`);
+    torch 2.11's events lack it, so there it is any device event that is no user annotation and
+    no synchronization record."""
+    kind = getattr(e, "activity_type", None)
+    if kind is not None:
+        return kind() in DEVICE_WORK
+    annotation = getattr(e, "is_user_annotation", None)
+    if annotation is not None and annotation():
+        return False
+    name = e.name()
+    return not name.startswith(SYNC_NAMES) and scopes.part_of_range(name) is None \
+        and name not in (scopes.FORWARD, scopes.RUN)
 
 
 class AttributionError(RuntimeError):
@@ -116,7 +134,7 @@ def _trace(events) -> Trace:
     for e in events:
         row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
         if e.device_type() != DeviceType.CPU:
-            if e.activity_type() in DEVICE_WORK:
+            if is_device_work(e):
                 t.device.append({**row, "link": e.linked_correlation_id()})
         elif e.linked_correlation_id() > 0:  # a runtime call (cudaLaunchKernel), linked to its range
             t.launches.append({**row, "link": e.linked_correlation_id()})
