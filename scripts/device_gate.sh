@@ -19,6 +19,9 @@
 #   cudatest every cuda-marked test of tests/
 #   attribute `engine attribute --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
 #            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
+#   fused    the fused decode kernels against their reference twins on the GPU (tests/test_fused_decode.py),
+#            then `engine bench` of the packed arm on the 27b shape cut to $FUSED_LAYERS (default 8) layers,
+#            batch 1 and 16, REGATE_FUSED_DECODE=0 and =1 side by side, interleaved
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
 # stop the next one.
 set -uo pipefail
@@ -153,6 +156,20 @@ stage_attribute() {
     done
   done
   tar czf "$OUT/attribute.tgz" -C "$OUT" attribute && rm -r "$OUT/attribute"  # few files come back
+}
+
+stage_fused() {
+  PYTHONPATH=$PWD $PY -m pytest -q -p no:cacheprovider tests/test_fused_decode.py 2>&1 | tail -15
+  local L=${FUSED_LAYERS:-8} B F ck
+  ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+  for B in ${FUSED_BATCHES:-1 16}; do for F in 0 1; do
+    REGATE_FUSED_DECODE=$F PYTHONPATH=$PWD $PY -m engine.cli bench --model "$ck" --backend cuda --lm-head packed \
+      --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-f$F.json"
+    $PY -c "
+import json; r = json.load(open('$OUT/bench-${L}L-b$B-f$F.json')); p = r['params']
+print('27b-${L}L batch', p['batch'], 'fused', p.get('fused_decode'), 'graphs', p['cuda_graphs'], round(r['ms_per_step'], 3),
+      'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill', round(r['prefill_ms'], 1), 'ms')" || echo "bench b$B fused=$F failed"
+  done; done
 }
 
 for s in "$@"; do
