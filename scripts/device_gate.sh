@@ -15,7 +15,8 @@
 #            prints them (the firing of an identical queued gate is answered with that gate's run).
 #            A dry run on a CPU machine: NO_WHEELS=1 PY=.venv/bin/python SERVE_GRID=smoke SERVE_GPUS=0
 #            SERVE_MARKERS='[]' bash scripts/device_gate.sh serve
-#   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite)
+#   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite;
+#            $SUITES picks them, default "packed_gemm cuda_engine")
 #   cudatest every cuda-marked test of tests/
 #   attribute `engine attribute --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
 #            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
@@ -126,7 +127,7 @@ import json; [print('run', r.get('run_id'), r.get('state'), r.get('kind', ''), r
 stage_suites() {
   install_wheels || return 1
   local s rc=0
-  for s in packed_gemm cuda_engine; do
+  for s in ${SUITES:-packed_gemm cuda_engine}; do
     PYTHONPATH=/tmp/site:$PWD REGATE_CENSUS_OUT="$OUT/census_$s.json" $PY -m pytest -q -p no:cacheprovider \
       -p gates.census "gates/suites/test_$s.py" 2>&1 | tail -25 || rc=1
     $PY -c "

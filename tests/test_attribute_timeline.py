@@ -122,3 +122,15 @@ def test_a_trace_without_exactly_one_run_window_is_refused():
     t.ranges = [r for r in t.ranges if r["name"] != scopes.RUN]
     with pytest.raises(AttributionError, match="expected one 'regate:run' range, found 0"):
         device_parts(t)
+
+
+def test_a_graph_replays_a_captured_copy_as_a_copy_kernel_of_its_own_name():
+    from engine.attribution.capture import same_activity
+
+    assert same_activity("memcpy32_post", "Memcpy DtoD (Device -> Device)")
+    assert same_activity("Memset (Device)", "memset32_aligned1D")
+    assert not same_activity("memcpy32_post", "void rms_norm_kernel<...>")
+    assert not same_activity("gemm_a", "gemm_b")
+    eager = (["rms", "Memcpy DtoD (Device -> Device)", "gemm"], ["norm", "other", "lm_head"])
+    out = device_parts(_graph_trace(["rms", "memcpy32_post", "gemm"]), eager)
+    assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}

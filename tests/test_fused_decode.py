@@ -151,6 +151,9 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
-    assert calls["delta_step"] == calls["conv_step"] == steps * 3 and calls["paged_decode_gated"] == steps * 1
+    if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
+        assert calls["delta_step"] == calls["conv_step"] > 0 and calls["paged_decode_gated"] > 0
+    else:
+        assert calls["delta_step"] == calls["conv_step"] == steps * 3 and calls["paged_decode_gated"] == steps * 1
     assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
     assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
