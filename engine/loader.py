@@ -8,12 +8,12 @@ does). Every bad input raises `CheckpointError` naming the file, the tensor and 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from engine.ckpt_files import expect_object, read_json_object, regular_file
 from engine.errors import CheckpointError
 from engine.nvfp4 import BLOCK, Nvfp4Weight, w4a4_enabled
 from engine.nvfp4_tensors import FLOAT_DTYPES, check_agreement, load_bf16, load_nvfp4
@@ -39,18 +39,24 @@ class Checkpoint:
 
 
 def read_text_config(model_dir: Path) -> dict:
+    """config.json, checked to be an object whose text config (itself or its `text_config`) is an
+    object of the supported model_type."""
     path = model_dir / "config.json"
-    if not path.is_file():
+    if not regular_file(path):
         raise CheckpointError(f"{path}: missing config.json")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read JSON ({e})") from e
-    text = config.get("text_config") or config
+    config = read_json_object(path)
+    text = text_config(config, path)
     model_type = text.get("model_type", MODEL_TYPE if "text_config" in config else None)
     if model_type != MODEL_TYPE:
         raise CheckpointError(f"{path}: model_type {model_type!r}, expected {MODEL_TYPE!r}")
     return config
+
+
+def text_config(config: dict, path: Path | str = "config.json") -> dict:
+    """The text config of a (multimodal or text-only) config.json object."""
+    if config.get("text_config") is None:
+        return config
+    return expect_object(config["text_config"], str(path), "text_config")
 
 
 def detect_prefix(src: TensorSource) -> str:
@@ -118,7 +124,7 @@ def _load_tower(src, quant, text, prefix, head_kind):
 def load_checkpoint(model_dir) -> Checkpoint:
     model_dir = Path(model_dir)
     config = read_text_config(model_dir)
-    text = config.get("text_config") or config
+    text = text_config(config)
     quant = read_quant_config(model_dir, config)
     src = TensorSource(model_dir)
     try:

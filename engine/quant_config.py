@@ -9,11 +9,11 @@ against the module's full checkpoint name and against its name without the tower
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.ckpt_files import expect_object, expect_strings, read_json_object, regular_file
 from engine.errors import CheckpointError
 
 LEGACY_FILE = "hf_quant_config.json"
@@ -65,14 +65,16 @@ class QuantConfig:
         return f"{self.scheme(full, short).upper()} per {self.source}"
 
 
-def _load_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+def _patterns(value: object, source: str, key: str) -> tuple[str, ...]:
+    """Exclude/ignore/target patterns: a list of strings whose `re:` entries compile."""
+    patterns = expect_strings(value, source, key)
+    for i, p in enumerate(patterns):
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except re.error as e:
+                raise CheckpointError(f"{source}: {key}[{i}] = {p!r}: not a valid regular expression ({e})") from None
+    return patterns
 
 
 def _modelopt(q: dict, source: str) -> QuantConfig:
@@ -82,32 +84,35 @@ def _modelopt(q: dict, source: str) -> QuantConfig:
     gs = q.get("group_size", 16)
     if algo != "MIXED_PRECISION" and gs != 16:
         raise CheckpointError(f"{source}: group_size {gs} (expected 16 for NVFP4)")
-    exclude = tuple(q.get("exclude_modules") or q.get("ignore") or ())
-    layers = q.get("quantized_layers") or {}
+    key = "exclude_modules" if q.get("exclude_modules") else "ignore"
+    exclude = _patterns(q.get(key) or [], source, key)
+    layers = expect_object(q.get("quantized_layers") or {}, source, "quantized_layers")
     if algo == "MIXED_PRECISION" and not layers:
         raise CheckpointError(f"{source}: quant_algo MIXED_PRECISION without quantized_layers")
-    per_module = {name: (entry or {}).get("quant_algo") for name, entry in layers.items()}
+    per_module = {name: expect_object(entry or {}, source, f"quantized_layers[{name!r}]").get("quant_algo")
+                  for name, entry in layers.items()}
     return QuantConfig("modelopt", source, algo, exclude, per_module)
 
 
 def _weights_are_nvfp4(group: dict) -> bool:
     w = group.get("weights") or {}
-    return (w.get("num_bits"), w.get("type"), w.get("group_size")) == (4, "float", 16)
+    return isinstance(w, dict) and (w.get("num_bits"), w.get("type"), w.get("group_size")) == (4, "float", 16)
 
 
 def _compressed_tensors(q: dict, source: str) -> QuantConfig:
-    groups = q.get("config_groups") or {}
+    groups = expect_object(q.get("config_groups") or {}, source, "config_groups")
     if not groups:
         raise CheckpointError(f"{source}: compressed-tensors config without config_groups")
     targets: list[str] = []
     for name, group in groups.items():
+        group = expect_object(group, source, f"config_groups[{name!r}]")
         fmt = group.get("format") or q.get("format")
         if fmt != CT_FORMAT or not _weights_are_nvfp4(group):
             raise CheckpointError(f"{source}: config_groups[{name!r}] has unknown format {fmt!r} / "
                                   f"weights {group.get('weights')} (expected {CT_FORMAT!r}, 4-bit float, "
                                   "group_size 16)")
-        targets += list(group.get("targets") or ())
-    return QuantConfig("compressed-tensors", source, CT_FORMAT, tuple(q.get("ignore") or ()),
+        targets += _patterns(group.get("targets") or [], source, f"config_groups[{name!r}].targets")
+    return QuantConfig("compressed-tensors", source, CT_FORMAT, _patterns(q.get("ignore") or [], source, "ignore"),
                        targets=tuple(targets))
 
 
@@ -117,6 +122,7 @@ def read_quant_config(model_dir: Path, config: dict) -> QuantConfig:
     legacy = Path(model_dir) / LEGACY_FILE
     if inline:
         source = f"{Path(model_dir) / 'config.json'}: quantization_config"
+        inline = expect_object(inline, f"{Path(model_dir) / 'config.json'}", "quantization_config")
         method = inline.get("quant_method")
         if method == "modelopt":
             return _modelopt(inline, source)
@@ -124,11 +130,11 @@ def read_quant_config(model_dir: Path, config: dict) -> QuantConfig:
             return _compressed_tensors(inline, source)
         raise CheckpointError(f"{source}: unknown quant_method {method!r} "
                               "(expected 'modelopt' or 'compressed-tensors')")
-    if legacy.exists():
-        data = _load_json(legacy)
+    if regular_file(legacy):
+        data = read_json_object(legacy)
         if "quantization" not in data:
             raise CheckpointError(f"{legacy}: missing field 'quantization'")
-        return _modelopt(data["quantization"], str(legacy))
+        return _modelopt(expect_object(data["quantization"], str(legacy), "quantization"), str(legacy))
     return QuantConfig(None, "no quantization config")
 
 

@@ -2,18 +2,20 @@
 
 `TensorSource` opens every shard once with `safe_open` (memory-mapped: nothing is read until a
 tensor is asked for, and then only that tensor's bytes), answers dtype/shape from the headers, and
-turns every failure (missing shard, truncated or corrupt file, index/shard disagreement) into a
-`CheckpointError` naming the file and tensor.
+turns every failure (missing shard, truncated or corrupt file, index/shard disagreement, a file that
+is not a regular file) into a `CheckpointError` naming the file and tensor. Every floating-point
+tensor read is checked finite (one `isfinite(t).all()` pass on the device it loads to; FP8 through a
+cast that makes its NaN visible): a NaN norm weight or scale is refused, never run.
 """
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from engine.ckpt_files import read_json_object, regular_file
 from engine.errors import CheckpointError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -21,13 +23,12 @@ SINGLE_FILE = "model.safetensors"
 
 
 def _read_index(path: Path) -> dict[str, str]:
-    try:
-        index = json.loads(path.read_text())
-        weight_map = index["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: not a safetensors index with a weight_map ({e!r})") from e
+    weight_map = read_json_object(path).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{path}: weight_map is empty or not an object")
+        raise CheckpointError(f"{path}: weight_map is missing, empty or not an object")
+    bad = next((k for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: weight_map[{bad!r}]: expected a shard file name, found {weight_map[bad]!r}")
     return weight_map
 
 
@@ -40,13 +41,13 @@ class TensorSource:
         self._handles: dict[str, object] = {}
         self._file_of: dict[str, str] = {}
         index = self.dir / INDEX_FILE
-        if index.exists():
+        if regular_file(index):
             self.where = str(index)
             weight_map = _read_index(index)
             for fname in sorted(set(weight_map.values())):
                 self._open(fname, listed_in=index)
             self._check_index(weight_map, index)
-        elif (self.dir / SINGLE_FILE).exists():
+        elif regular_file(self.dir / SINGLE_FILE):
             self.where = str(self.dir / SINGLE_FILE)
             self._open(SINGLE_FILE)
             self._file_of = {k: SINGLE_FILE for k in self._handles[SINGLE_FILE].keys()}
@@ -55,7 +56,7 @@ class TensorSource:
 
     def _open(self, fname: str, listed_in: Path | None = None) -> None:
         path = self.dir / fname
-        if not path.is_file():
+        if not regular_file(path):
             raise CheckpointError(f"{path}: shard listed in {listed_in} does not exist" if listed_in
                                   else f"{path}: file does not exist")
         try:
@@ -110,6 +111,22 @@ class TensorSource:
             want = " or ".join(str(list(s)) for s in shapes)
             raise CheckpointError(f"{where}: tensor {name!r} has shape {list(found_shape)}, expected {want}")
         try:
-            return self._handles[self._file_of[name]].get_tensor(name)
+            t = self._handles[self._file_of[name]].get_tensor(name)
         except Exception as e:
             raise CheckpointError(f"{where}: cannot read tensor {name!r} ({e})") from e
+        check_finite(t, f"{where}: tensor {name!r}")
+        return t
+
+
+def check_finite(t: torch.Tensor, what: str) -> None:
+    """Refuse a floating-point tensor holding NaN or Inf. FP8 has no isfinite kernel: it is cast to
+    FP16 (exact for E4M3 and E5M2, NaN stays NaN). Integer tensors (packed FP4 bytes) have no NaN."""
+    if not t.is_floating_point():
+        return
+    v = t.to(torch.float16) if t.element_size() == 1 else t
+    if bool(torch.isfinite(v).all()):
+        return
+    bad = ~torch.isfinite(v)
+    first = [int(i) for i in bad.nonzero()[0]]
+    raise CheckpointError(f"{what} has {int(bad.sum())} NaN/Inf value(s), first at {first} = "
+                          f"{float(v[tuple(first)])}; expected finite values")

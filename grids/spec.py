@@ -20,10 +20,22 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
     attribute: {lengths: [8, 136], iters: 3}   # optional: `engine attribute` per arm per cell, after the legs
+
+Bounds (`LIMITS`), far above any real grid, so a typo cannot queue a run that never ends: legs and
+max_legs <= 200, warmup <= 100, iters <= 1000, batch <= 1024, prompt_len and gen_len (and the
+attribute lengths) <= 131072, layers <= 1024, timeout_s finite, > 0 and <= 86400 (a day per bench
+process). An arm's extra_args may not set an option the runner itself sets (`RUNNER_OPTIONS`:
+--model, --backend, --lm-head, --batch, --prompt-len, --gen-len, --iters, --warmup, --lengths,
+--json); the arm's own keys and the cell say those.
+
+A spec is named by a path relative to the repository root (`grids/smoke.yaml`); `repo_relative`
+maps an absolute path inside the repository to that form and refuses one outside it.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +48,14 @@ LM_HEADS = ("packed", "dequant")
 BACKENDS = ("cpu", "cuda")
 TOP_KEYS = {"name", "backend", "legs", "max_legs", "until_binding", "warmup", "iters", "timeout_s", "verdict",
             "checkpoint", "arms", "cells", "attribute"}
+
+
+LIMITS = {"legs": 200, "warmup": 100, "iters": 1000, "batch": 1024, "prompt_len": 131072, "gen_len": 131072,
+          "layers": 1024, "timeout_s": 86400.0}
+# Options of `engine bench` / `engine attribute` that grids.runner and grids.attribution set themselves
+# (tests/test_grid_spec.py checks both argument lists against this set).
+RUNNER_OPTIONS = ("--model", "--backend", "--lm-head", "--batch", "--prompt-len", "--gen-len", "--iters",
+                  "--warmup", "--lengths", "--json")
 
 
 class SpecError(ValueError):
@@ -130,12 +150,40 @@ def _flag(value, where: str) -> bool:
 def load_spec(path: str | Path) -> GridSpec:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise SpecError(f"{path}: cannot read grid spec: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from e
-    return parse_spec(data, str(path))
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text: {e}") from e
+    return parse_spec_text(text, str(path))
+
+
+def parse_spec_text(text: str | bytes, source: str) -> GridSpec:
+    """A spec from the YAML text of a file (an archive member, say); `source` names it in errors."""
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as e:
+        raise SpecError(f"{source}: not valid YAML: {e}") from e
+    return parse_spec(data, source)
+
+
+def repo_relative(spec: str, repo: str | Path) -> str:
+    """`spec` as a path relative to the repository root `repo`: a relative path is taken as relative
+    to the root already (normalized); an absolute one must lie inside the repository. A bare name
+    (`smoke`) stays as it is. SpecError for a path outside the repository."""
+    if not isinstance(spec, str) or not spec or "\x00" in spec:
+        raise SpecError(f"grid spec {spec!r}: expected a path or name of a spec in the repository")
+    if Path(spec).is_absolute():
+        root = Path(repo).resolve()
+        try:
+            return Path(spec).resolve().relative_to(root).as_posix()
+        except ValueError:
+            raise SpecError(f"grid spec {spec!r}: outside the repository {root} (give a path inside it, "
+                            "or relative to its root: grids/smoke.yaml)") from None
+    rel = posixpath.normpath(Path(spec).as_posix())
+    if rel == ".." or rel.startswith("../"):
+        raise SpecError(f"grid spec {spec!r}: outside the repository (paths are relative to its root)")
+    return rel
 
 
 def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
@@ -143,7 +191,7 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
     top = where.mapping(data, "", TOP_KEYS)
     backend = where.choice(top.get("backend", "cpu"), "backend", BACKENDS)
     defaults = where.mapping(top.get("checkpoint", {}), "checkpoint", _checkpoint_keys())
-    legs = where.count(top.get("legs", 3), "legs", 1)
+    legs = where.count(top.get("legs", 3), "legs", 1, LIMITS["legs"])
     until_binding = _flag(top.get("until_binding", False), f"{source}: until_binding")
     if until_binding and legs < MIN_CLAIM_LEGS:
         raise SpecError(f"{source}: legs: {legs} legs per arm cannot establish a claim (at least "
@@ -153,11 +201,11 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
         arms=_arms(where, top.get("arms"), backend),
         cells=_cells(where, top.get("cells"), defaults),
         legs=legs,
-        max_legs=where.count(top.get("max_legs", max(legs, 8)), "max_legs", legs),
+        max_legs=where.count(top.get("max_legs", max(legs, 8)), "max_legs", legs, LIMITS["legs"]),
         until_binding=until_binding,
-        warmup=where.count(top.get("warmup", 1), "warmup", 0),
-        iters=where.count(top.get("iters", 3), "iters", 1),
-        timeout_s=where.number(top.get("timeout_s", 900), "timeout_s"),
+        warmup=where.count(top.get("warmup", 1), "warmup", 0, LIMITS["warmup"]),
+        iters=where.count(top.get("iters", 3), "iters", 1, LIMITS["iters"]),
+        timeout_s=where.number(top.get("timeout_s", 900), "timeout_s", LIMITS["timeout_s"]),
         policy=_policy(where, top.get("verdict", {})),
         source=source,
         attribute=None if top.get("attribute") is None else _attribute(where, top["attribute"]),
@@ -179,6 +227,10 @@ def _arms(where: _Where, data: Any, backend: str) -> tuple[Arm, Arm]:
         extra = body.get("extra_args", [])
         if not isinstance(extra, list) or not all(isinstance(x, (str, int, float)) for x in extra):
             raise SpecError(f"{where.source}: {key}.extra_args: expected a list of strings, found {extra!r}")
+        taken = next((x for x in map(str, extra) if x.split("=", 1)[0] in RUNNER_OPTIONS), None)
+        if taken is not None:
+            raise SpecError(f"{where.source}: {key}.extra_args: {taken!r} sets an option the runner sets itself "
+                            f"({', '.join(RUNNER_OPTIONS)}); set lm_head/backend on the arm and the rest on the cell")
         out.append(Arm(name=str(name),
                        lm_head=where.choice(body.get("lm_head"), f"{key}.lm_head", LM_HEADS),
                        backend=where.choice(body.get("backend", backend), f"{key}.backend", BACKENDS),
@@ -194,9 +246,10 @@ def _cells(where: _Where, data: Any, defaults: dict) -> tuple[Cell, ...]:
         key = f"cells[{i}]"
         body = where.mapping(body, key, {"batch", "prompt_len", "gen_len", "checkpoint"})
         own = where.mapping(body.get("checkpoint", {}), f"{key}.checkpoint", _checkpoint_keys())
-        cells.append(Cell(batch=where.count(body.get("batch"), f"{key}.batch", 1),
-                          prompt_len=where.count(body.get("prompt_len"), f"{key}.prompt_len", 1),
-                          gen_len=where.count(body.get("gen_len"), f"{key}.gen_len", 1),
+        cells.append(Cell(batch=where.count(body.get("batch"), f"{key}.batch", 1, LIMITS["batch"]),
+                          prompt_len=where.count(body.get("prompt_len"), f"{key}.prompt_len", 1,
+                                                 LIMITS["prompt_len"]),
+                          gen_len=where.count(body.get("gen_len"), f"{key}.gen_len", 1, LIMITS["gen_len"]),
                           checkpoint=_checkpoint(where, {**defaults, **own}, f"{key}.checkpoint")))
     return tuple(cells)
 
@@ -208,7 +261,7 @@ def _checkpoint(where: _Where, body: dict, key: str) -> Checkpoint:
         naming=where.text(body.get("naming", "modelopt"), f"{key}.naming"),
         head=where.text(body.get("head", "nvfp4"), f"{key}.head"),
         seed=where.count(body.get("seed", 0), f"{key}.seed", 0),
-        layers=None if layers is None else where.count(layers, f"{key}.layers", 1),
+        layers=None if layers is None else where.count(layers, f"{key}.layers", 1, LIMITS["layers"]),
         quant_config=where.text(body.get("quant_config", "legacy"), f"{key}.quant_config"),
         prefix=where.text(body.get("prefix", "model."), f"{key}.prefix"))
 
@@ -221,7 +274,10 @@ def _attribute(where: _Where, data: Any) -> Attribute:
             or lengths[0] < 2 or lengths[1] <= lengths[0]):
         raise where.fail("attribute.lengths", "two increasing integers >= 2 ([short, long] generation lengths)",
                          lengths)
-    return Attribute(lengths=(lengths[0], lengths[1]), iters=where.count(body.get("iters", 3), "attribute.iters", 1))
+    if lengths[1] > LIMITS["gen_len"]:
+        raise where.fail("attribute.lengths", f"generation lengths <= {LIMITS['gen_len']}", lengths)
+    return Attribute(lengths=(lengths[0], lengths[1]),
+                     iters=where.count(body.get("iters", 3), "attribute.iters", 1, LIMITS["iters"]))
 
 
 def _policy(where: _Where, data: Any) -> Policy:
@@ -267,12 +323,16 @@ class _Where:
             raise self.fail(key, f"one of {', '.join(options)}", value)
         return value
 
-    def count(self, value: Any, key: str, minimum: int) -> int:
+    def count(self, value: Any, key: str, minimum: int, maximum: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fail(key, f"an integer >= {minimum}", value)
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"an integer <= {maximum} (the bound in grids/spec.py LIMITS)", value)
         return value
 
-    def number(self, value: Any, key: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self.fail(key, "a positive number", value)
+    def number(self, value: Any, key: str, maximum: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not math.isfinite(value):
+            raise self.fail(key, "a finite positive number", value)
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"a number <= {maximum:g} (the bound in grids/spec.py LIMITS)", value)
         return float(value)

@@ -18,13 +18,19 @@ marker). Runtime discoveries (which node a box is, what a build printed) live el
         required_markers: ["packed NVFP4 W4A16 GEMM: ENABLED"]
         idle: {max_util_pct: 10, on_busy: wait}   # wait (up to timeouts.idle_wait_s) | abort
 
-A bad file raises `ConfigError` naming the file and the key path, expected against found.
+A bad file raises `ConfigError` naming the file and the key path, expected against found: types are
+checked (`lock_path: null` is refused, not defaulted), timeouts must be finite and > 0, and `db_path`
+must name a SQLite database this process can open, or a file it can create (checked at load, so a
+bad one is a usage error, exit 2, before anything runs).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import socket
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -105,13 +111,19 @@ def load_config(path: str | Path | None, gpus: int = 0) -> Config:
     """The config at `path`, or the embedded default when `path` is None. `gpus`: this host's count,
     used only by the embedded default box."""
     if path is None:
-        return default_config(gpus)
+        config = default_config(gpus)
+        check_db_path(config.db_path)
+        return config
     path = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+            raise ConfigError(f"{path}: not a regular file")
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
-    except yaml.YAMLError as e:
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    except (yaml.YAMLError, RecursionError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     return parse_config({} if raw is None else raw, str(path), path.parent, gpus)
 
@@ -133,10 +145,12 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
     if default is not None and default not in names:
         _fail(where, "default_box", f"one of the boxes ({', '.join(names)})", default)
     defaults = Config(boxes=boxes)
+    db_path = _path(top.get("db_path"), where, "db_path", base) or defaults.db_path
+    check_db_path(db_path, where)
     return Config(
         boxes=boxes,
         ray_address=_opt_str(top.get("ray_address"), where, "ray_address"),
-        db_path=_path(top.get("db_path"), where, "db_path", base) or defaults.db_path,
+        db_path=db_path,
         reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or defaults.reports_dir,
         work_dir=_path(top.get("work_dir"), where, "work_dir", base),
         trusted_root=_path(top.get("trusted_root"), where, "trusted_root", base),
@@ -158,7 +172,7 @@ def _box(raw: object, where: str, key: str) -> BoxConfig:
                     for j, m in enumerate(_list(d.get("required_markers"), where, f"{key}.required_markers")))
     if "required_markers" not in d and gpus:
         markers = (CUDA_MARKER,)  # a GPU box gates the packed kernel unless told otherwise
-    lock = _opt_str(d.get("lock_path", "~/gpu.lock"), where, f"{key}.lock_path")
+    lock = _str(d.get("lock_path", "~/gpu.lock"), where, f"{key}.lock_path")
     return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"))
 
 
@@ -167,6 +181,8 @@ def _idle(raw: object, where: str, key: str) -> IdlePolicy:
         return IdlePolicy()
     d = _mapping(raw, where, key, ("max_util_pct", "on_busy"))
     util = _number(d.get("max_util_pct", IdlePolicy.max_util_pct), where, f"{key}.max_util_pct")
+    if util > 100:
+        _fail(where, f"{key}.max_util_pct", "a percentage in [0, 100]", util)
     on_busy = d.get("on_busy", IdlePolicy.on_busy)
     if on_busy not in ON_BUSY:
         _fail(where, f"{key}.on_busy", f"one of {ON_BUSY}", on_busy)
@@ -207,15 +223,58 @@ def _opt_str(v, where, key) -> str | None:
     return v
 
 
+def _str(v, where, key) -> str:
+    if not isinstance(v, str) or not v:
+        _fail(where, key, "a non-empty string", v)
+    return v
+
+
 def _path(v, where, key, base: Path) -> Path | None:
     s = _opt_str(v, where, key)
     return None if s is None else base / Path(s).expanduser()
 
 
 def _number(v, where, key, positive=False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
-        _fail(where, key, "a positive number" if positive else "a number >= 0", v)
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+            or (positive and v == 0)):
+        _fail(where, key, "a finite number > 0" if positive else "a finite number >= 0", v)
     return float(v)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_db_path(path: Path, where: str = "<built-in defaults>") -> None:
+    """db_path names an existing SQLite database we can read and write, or a file we can create: an
+    existing regular file starting with SQLite's header (or empty), else a missing file whose nearest
+    existing ancestor is a writable directory. ConfigError naming the path otherwise."""
+    def bad(why: str):
+        raise ConfigError(f"{where}: db_path: {path}: {why}")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            bad(f"cannot be created: {parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            bad(f"cannot be created: {parent} is not writable")
+        return
+    except OSError as e:  # ENOTDIR (a parent is a file), EACCES, ELOOP, ...
+        bad(f"cannot be opened ({e.strerror})")
+    if not stat.S_ISREG(st.st_mode):
+        bad("expected a SQLite database file, found " + ("a directory" if stat.S_ISDIR(st.st_mode) else
+                                                          "something that is not a regular file"))
+    if not os.access(path, os.R_OK | os.W_OK):
+        bad("cannot be opened for reading and writing (permission denied)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        bad(f"cannot be read ({e.strerror})")
+    if head and head != SQLITE_MAGIC:
+        bad("not a SQLite database (its header is not SQLite's)")
 
 
 def _fail(where: str, key: str, expected: str, found: object):

@@ -15,10 +15,14 @@
 #            prints them (the firing of an identical queued gate is answered with that gate's run).
 #            A dry run on a CPU machine: NO_WHEELS=1 PY=.venv/bin/python SERVE_GRID=smoke SERVE_GPUS=0
 #            SERVE_MARKERS='[]' bash scripts/device_gate.sh serve
-#   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite)
+#   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite;
+#            $SUITES picks them, default "packed_gemm cuda_engine")
 #   cudatest every cuda-marked test of tests/
 #   attribute `engine attribute --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
 #            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
+#   fused    the fused decode kernels against their reference twins on the GPU (tests/test_fused_decode.py),
+#            then `engine bench` of the packed arm on the 27b shape cut to $FUSED_LAYERS (default 8) layers,
+#            batch 1 and 16, REGATE_FUSED_DECODE=0 and =1 side by side, interleaved
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
 # stop the next one.
 set -uo pipefail
@@ -123,7 +127,7 @@ import json; [print('run', r.get('run_id'), r.get('state'), r.get('kind', ''), r
 stage_suites() {
   install_wheels || return 1
   local s rc=0
-  for s in packed_gemm cuda_engine; do
+  for s in ${SUITES:-packed_gemm cuda_engine}; do
     PYTHONPATH=/tmp/site:$PWD REGATE_CENSUS_OUT="$OUT/census_$s.json" $PY -m pytest -q -p no:cacheprovider \
       -p gates.census "gates/suites/test_$s.py" 2>&1 | tail -25 || rc=1
     $PY -c "
@@ -149,9 +153,24 @@ stage_attribute() {
       PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m engine.cli attribute --model "$ck" --backend cuda \
         --compare --lengths "${ATTR_LENGTHS:-8,136}" --batch "$B" --iters "${ATTR_ITERS:-3}" --json \
         > "$OUT/attribute/27b-${L}L-b$B.json" 2> "$OUT/attribute/27b-${L}L-b$B.txt"
-      echo "rc=$?"; cat "$OUT/attribute/27b-${L}L-b$B.txt" | tail -60
+      echo "rc=$?"; tail -"${ATTR_TAIL:-40}" "$OUT/attribute/27b-${L}L-b$B.txt"
     done
   done
+  tar czf "$OUT/attribute.tgz" -C "$OUT" attribute && rm -r "$OUT/attribute"  # few files come back
+}
+
+stage_fused() {
+  PYTHONPATH=$PWD $PY -m pytest -q -p no:cacheprovider tests/test_fused_decode.py 2>&1 | tail -15
+  local L=${FUSED_LAYERS:-8} B F ck
+  ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+  for B in ${FUSED_BATCHES:-1 16}; do for F in 0 1; do
+    REGATE_FUSED_DECODE=$F PYTHONPATH=$PWD $PY -m engine.cli bench --model "$ck" --backend cuda --lm-head packed \
+      --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-f$F.json"
+    $PY -c "
+import json; r = json.load(open('$OUT/bench-${L}L-b$B-f$F.json')); p = r['params']
+print('27b-${L}L batch', p['batch'], 'fused', p.get('fused_decode'), 'graphs', p['cuda_graphs'], round(r['ms_per_step'], 3),
+      'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill', round(r['prefill_ms'], 1), 'ms')" || echo "bench b$B fused=$F failed"
+  done; done
 }
 
 for s in "$@"; do

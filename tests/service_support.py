@@ -30,7 +30,9 @@ def test_quick(check):
     time.sleep(float((Path(__file__).parent / "sleep_s").read_text()))
     check(1 + 1 == 2, "arithmetic")
 """
-GRID = "name: smoke\nlegs: 2\n"  # only its presence is checked before queueing
+# Checked before queueing (present in the head, parses: grids.spec); never run by these tests.
+GRID = ("name: smoke\nlegs: 2\narms: {packed: {lm_head: packed}, dequant: {lm_head: dequant}}\n"
+        "cells: [{batch: 1, prompt_len: 8, gen_len: 4}]\n")
 
 
 def git(repo: Path, *args: str) -> str:

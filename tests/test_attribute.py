@@ -200,3 +200,35 @@ def test_compare_prints_one_json_line_with_both_arms_and_their_difference():
     assert lm["delta_ms"] == pytest.approx(lm["a_ms"] - lm["b_ms"])
     assert all(p["noise_ms"] is None and p["beyond_noise"] is None for p in d["parts"])  # one run: no band
     assert "difference packed - dequant" in res.stderr and "closure" in res.stderr
+
+
+class _Event:
+    """A profiler event as torch 2.11 gives it (no activity_type) or, with `kind`, as torch >= 2.12."""
+
+    def __init__(self, name: str, annotation: bool = False, kind: str | None = None):
+        self._name, self._annotation = name, annotation
+        if kind is not None:
+            self.activity_type = lambda: kind
+
+    def name(self):
+        return self._name
+
+    def is_user_annotation(self):
+        return self._annotation
+
+
+@pytest.mark.parametrize("event, work", [
+    (_Event("void nvfp4_gemm_kernel<128>(...)"), True),
+    (_Event("Memcpy DtoD (Device -> Device)"), True),
+    (_Event("Memset (Device)"), True),
+    (_Event("part:lm_head"), False),  # a range's extent on the device timeline, not work
+    (_Event("anything", annotation=True), False),
+    (_Event(scopes.RUN), False),
+    (_Event("Context Sync"), False),
+    (_Event("k", kind="kernel"), True),
+    (_Event("part:norm", kind="gpu_user_annotation"), False),
+])
+def test_device_work_is_told_apart_from_annotations_with_and_without_activity_type(event, work):
+    from engine.attribution.capture import is_device_work
+
+    assert is_device_work(event) is work

@@ -36,22 +36,29 @@ def _rng(i, name, start, end, thread=1):
     return {"id": i, "name": name, "start": start, "end": end, "thread": thread}
 
 
+def _launch(corr, at, name="cudaLaunchKernel"):
+    return {"name": name, "start": at, "end": at + 0.5, "corr": corr}
+
+
 def _trace_with_launches():
     t = Trace()
     t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 80), _rng(3, "part:norm", 12, 20),
-                _rng(4, "part:lm_head", 40, 60), _rng(5, "some.other.annotation", 62, 64)]
-    t.device = [{"name": "rms", "start": 15, "end": 25, "link": 3},
-                {"name": "gemm", "start": 45, "end": 75, "link": 4},
-                {"name": "add", "start": 76, "end": 78, "link": 2},  # launched in the forward, outside parts
-                {"name": "copy", "start": 5, "end": 8, "link": 1},  # launched outside the forward
-                {"name": "misc", "start": 79, "end": 80, "link": 5},  # under a range that is not ours
-                {"name": "late", "start": 95, "end": 120, "link": 4}]  # clipped at the window's end
+                _rng(4, "part:lm_head", 40, 60)]
+    t.launches = [_launch(11, 13), _launch(12, 41), _launch(13, 70), _launch(14, 4), _launch(15, 63),
+                  _launch(16, 50)]
+    t.device = [{"name": "rms", "start": 15, "end": 25, "corr": 11},
+                {"name": "gemm", "start": 45, "end": 75, "corr": 12},
+                {"name": "add", "start": 76, "end": 78, "corr": 13},  # launched in the forward, outside parts
+                {"name": "copy", "start": 5, "end": 8, "corr": 14},  # launched outside the forward
+                {"name": "misc", "start": 79, "end": 80, "corr": 15},  # launched between parts
+                {"name": "late", "start": 95, "end": 120, "corr": 16},  # clipped at the window's end
+                {"name": "orphan", "start": 90, "end": 91, "corr": 99}]  # no runtime call recorded: other
     return t
 
 
 def test_kernels_are_booked_to_the_range_they_were_launched_from():
     out = device_parts(_trace_with_launches())
-    assert out == {"norm": 10, "lm_head": 30 + 5, "other": 2 + 3 + 1, "idle": 100 - 10 - 35 - 6}
+    assert out == {"norm": 10, "lm_head": 30 + 5, "other": 2 + 3 + 1 + 1, "idle": 100 - 10 - 35 - 7}
     assert sum(out.values()) == 100
 
 
@@ -59,17 +66,16 @@ def test_host_parts_read_the_runs_thread_only():
     t = _trace_with_launches()
     t.ranges.append(_rng(9, "part:attention", 0, 100, thread=2))  # another thread's range is not this step's
     out = host_parts(t)
-    assert out == {"host": 10 + 20, "other": 70 - 8 - 20, "norm": 8, "lm_head": 20}  # the foreign range: other
+    assert out == {"host": 10 + 20, "other": 70 - 8 - 20, "norm": 8, "lm_head": 20}
 
 
 def _graph_trace(kernels_per_replay):
     t = Trace()
     t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 40), _rng(3, scopes.FORWARD, 50, 80)]
-    t.launches = [{"name": "cudaGraphLaunch", "start": 11, "end": 12, "link": 2},
-                  {"name": "cudaGraphLaunch_v10000", "start": 51, "end": 52, "link": 3}]
-    for link, base in ((2, 12), (3, 52)):
+    t.launches = [_launch(21, 11, "cudaGraphLaunch"), _launch(22, 51, "cudaGraphLaunch_v10000")]
+    for corr, base in ((21, 12), (22, 52)):
         for i, name in enumerate(kernels_per_replay):
-            t.device.append({"name": name, "start": base + 5 * i, "end": base + 5 * i + 4, "link": link})
+            t.device.append({"name": name, "start": base + 5 * i, "end": base + 5 * i + 4, "corr": corr})
     return t
 
 
@@ -77,10 +83,19 @@ def _eager_trace():
     t = Trace()
     t.ranges = [_rng(1, scopes.RUN, 0, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
                 _rng(4, "part:lm_head", 20, 30)]
-    t.device = [{"name": "h2d", "start": 1, "end": 2, "link": 1},  # the inputs' copy: not in the graph
-                {"name": "rms", "start": 7, "end": 9, "link": 3}, {"name": "add", "start": 12, "end": 13, "link": 2},
-                {"name": "gemm", "start": 21, "end": 29, "link": 4}]
+    t.launches = [_launch(31, 1, "cudaMemcpyAsync"), _launch(32, 7), _launch(33, 11), _launch(34, 21)]
+    t.device = [{"name": "h2d", "start": 1, "end": 2, "corr": 31},  # the inputs' copy: not in the graph
+                {"name": "gemm", "start": 21, "end": 29, "corr": 34},  # listed out of order: launch order counts
+                {"name": "rms", "start": 7, "end": 9, "corr": 32}, {"name": "add", "start": 12, "end": 13, "corr": 33}]
     return t
+
+
+def test_innermost_range_of_each_time_in_one_sweep():
+    from engine.attribution.capture import innermost
+
+    rs = [_rng(1, "a", 0, 100), _rng(2, "b", 10, 20), _rng(3, "c", 12, 14), _rng(4, "d", 30, 40)]
+    found = innermost(rs, [35, 13, 5, 15, 25, 150, 12, -1])
+    assert [r["name"] if r else None for r in found] == ["d", "c", "a", "b", "a", None, "c", None]
 
 
 def test_graph_replays_take_the_parts_of_the_eager_step_in_launch_order():
@@ -107,3 +122,15 @@ def test_a_trace_without_exactly_one_run_window_is_refused():
     t.ranges = [r for r in t.ranges if r["name"] != scopes.RUN]
     with pytest.raises(AttributionError, match="expected one 'regate:run' range, found 0"):
         device_parts(t)
+
+
+def test_a_graph_replays_a_captured_copy_as_a_copy_kernel_of_its_own_name():
+    from engine.attribution.capture import same_activity
+
+    assert same_activity("memcpy32_post", "Memcpy DtoD (Device -> Device)")
+    assert same_activity("Memset (Device)", "memset32_aligned1D")
+    assert not same_activity("memcpy32_post", "void rms_norm_kernel<...>")
+    assert not same_activity("gemm_a", "gemm_b")
+    eager = (["rms", "Memcpy DtoD (Device -> Device)", "gemm"], ["norm", "other", "lm_head"])
+    out = device_parts(_graph_trace(["rms", "memcpy32_post", "gemm"]), eager)
+    assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}

@@ -138,3 +138,71 @@ def test_attribute_is_optional_and_validated():
         with pytest.raises(SpecError) as e:
             parse_spec({**GOOD, "attribute": bad}, "g.yaml")
         assert str(e.value).startswith("g.yaml: ") and needle in str(e.value), str(e.value)
+
+
+# ---- issue 27: bounds, finite numbers, options the runner owns, paths relative to the repo root ---
+
+@pytest.mark.parametrize("path, value, needle", [
+    ("legs", 1_000_000, "legs: expected an integer <= 200"),
+    ("max_legs", 201, "max_legs: expected an integer <= 200"),
+    ("warmup", 101, "warmup: expected an integer <= 100"),
+    ("iters", 1001, "iters: expected an integer <= 1000"),
+    ("cells.0.batch", 1025, "cells[0].batch: expected an integer <= 1024"),
+    ("cells.1.prompt_len", 131073, "cells[1].prompt_len: expected an integer <= 131072"),
+    ("cells.0.gen_len", 10**9, "cells[0].gen_len: expected an integer <= 131072"),
+    ("cells.0.checkpoint", {"layers": 4096}, "cells[0].checkpoint.layers: expected an integer <= 1024"),
+    ("timeout_s", float("nan"), "timeout_s: expected a finite positive number, found nan"),
+    ("timeout_s", float("inf"), "timeout_s: expected a finite positive number, found inf"),
+    ("timeout_s", 86401, "timeout_s: expected a number <= 86400"),
+    ("attribute", {"lengths": [8, 200_000]}, "attribute.lengths: expected generation lengths <= 131072"),
+])
+def test_out_of_bounds_and_non_finite_fields_are_named(path, value, needle):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_with(path, value), "g.yaml")
+    assert str(e.value).startswith("g.yaml: ") and needle in str(e.value), str(e.value)
+
+
+def test_the_bounds_themselves_are_accepted():
+    data = {**GOOD, "legs": 200, "timeout_s": 86400, "cells": [{"batch": 1024, "prompt_len": 131072, "gen_len": 131072}]}
+    spec = parse_spec(data)
+    assert (spec.legs, spec.max_legs, spec.cells[0].batch, spec.cells[0].prompt_len) == (200, 200, 1024, 131072)
+
+
+@pytest.mark.parametrize("extra, taken", [
+    (["--model", "/elsewhere"], "--model"), (["--model=/elsewhere"], "--model=/elsewhere"),
+    (["--batch", "64"], "--batch"), (["--lm-head", "dequant"], "--lm-head"), (["--seed", "1", "--json"], "--json"),
+    (["--lengths=2,4"], "--lengths=2,4"),
+])
+def test_extra_args_may_not_set_what_the_runner_sets(extra, taken):
+    with pytest.raises(SpecError) as e:
+        parse_spec(_with("arms.dequant.extra_args", extra), "g.yaml")
+    assert f"g.yaml: arms.dequant.extra_args: {taken!r} sets an option the runner sets itself" in str(e.value)
+
+
+def test_runner_options_are_every_option_the_runner_sets():
+    """RUNNER_OPTIONS must follow grids.runner and grids.attribution: an option either adds is refused
+    in extra_args only if it is listed."""
+    from grids import attribution, runner
+    from grids.spec import RUNNER_OPTIONS
+    spec = parse_spec({**_with("arms.dequant.extra_args", []), "attribute": {"lengths": [8, 16]}})
+    cell, arm = spec.cells[0], spec.arms[0]
+    argv = runner.bench_args(spec, cell, arm, "/ck") + attribution.attribute_args(spec, cell, arm, "/ck")
+    assert {a for a in argv if a.startswith("--")} <= set(RUNNER_OPTIONS)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("grids/smoke.yaml", "grids/smoke.yaml"), ("smoke", "smoke"), ("./grids//smoke.yaml", "grids/smoke.yaml"),
+    ("{repo}/grids/smoke.yaml", "grids/smoke.yaml"), ("{repo}/sub/../grids/lmhead.yaml", "grids/lmhead.yaml"),
+])
+def test_grid_paths_are_relative_to_the_repository_root(tmp_path, given, expected):
+    from grids.spec import repo_relative
+    (tmp_path / "sub").mkdir()
+    assert repo_relative(given.format(repo=tmp_path), tmp_path) == expected
+
+
+@pytest.mark.parametrize("given", ["{out}/grids/smoke.yaml", "../grids/smoke.yaml", "grids/../../x.yaml"])
+def test_grid_paths_outside_the_repository_are_refused(tmp_path, given):
+    from grids.spec import repo_relative
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(SpecError, match="outside the repository"):
+        repo_relative(given.format(out=tmp_path / "other"), tmp_path / "repo")

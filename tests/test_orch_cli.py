@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from orch_helpers import PASSING_TEST, REPO_ROOT, make_stub_repo, snapshot_clone, suite  # noqa: E402
+from orch_helpers import FAKE_GRID, PASSING_TEST, REPO_ROOT, make_stub_repo, snapshot_clone, suite  # noqa: E402
 
 # The console script, as a user runs it: `python -m` would put the cwd (a stub head with its own
 # `gates/` package) first on sys.path and shadow regate's own modules.
@@ -97,3 +97,38 @@ def test_unknown_box_exits_2(stub, tmp_path):
 def test_show_unknown_run_exits_2(stub, tmp_path):
     r = _orch(["show", "nope"], stub, tmp_path)
     assert r.returncode == 2 and "no run 'nope'" in r.stderr
+
+
+# ---- issue 27: a bad grid or db_path is a usage error (exit 2) before any suite runs ---------------
+
+@pytest.mark.parametrize("grid, needle", [
+    ("grids/huge.yaml", "grids/huge.yaml at "),  # the spec as the head has it ...
+    ("huge", "cells[0].batch: expected an integer <= 1024"),  # ... by its bare name too
+    ("nosuch", "grid spec 'nosuch': not in"),
+    ("{outside}/grids/fake.yaml", "outside the repository"),
+])
+def test_gate_checks_the_grid_before_any_suite(tmp_path, grid, needle):
+    huge = FAKE_GRID.replace("{batch: 1,", "{batch: 5000,")
+    assert huge != FAKE_GRID
+    repo = make_stub_repo(tmp_path / "repo", [suite("fast", "tests/test_ok.py", 2, 3)],
+                          {"tests/test_ok.py": PASSING_TEST, "grids/huge.yaml": huge})
+    outside = tmp_path / "outside" / "grids"
+    outside.mkdir(parents=True)
+    (outside / "fake.yaml").write_text(FAKE_GRID)
+    r = _orch(["gate", "--head", "HEAD", "--grid", grid.format(outside=tmp_path / "outside"), "--json"], repo,
+              tmp_path, timeout=300)
+    assert r.returncode == 2 and needle in r.stderr, r.stdout + r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["exit_code"] == 2
+    assert "Traceback" not in r.stderr and not (repo / ".regate").exists()  # nothing ran, nothing written
+
+
+@pytest.mark.parametrize("command", [["runs"], ["gate", "--head", "HEAD"]])
+def test_unopenable_db_path_exits_2_naming_it(stub, tmp_path, command):
+    (tmp_path / "db-is-a-dir").mkdir()
+    cfg = tmp_path / "orchestrator.yaml"
+    cfg.write_text(f"db_path: {tmp_path / 'db-is-a-dir'}\n")
+    r = _orch([*command, "--config", str(cfg)], stub, tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    stderr = " ".join(r.stderr.split())  # rich wraps long lines
+    assert f"db_path: {tmp_path / 'db-is-a-dir'}: expected a SQLite database file" in stderr, stderr
+    assert "Traceback" not in stderr

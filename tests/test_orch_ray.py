@@ -27,6 +27,7 @@ from orchestrator import db  # noqa: E402
 from orchestrator.config import CUDA_MARKER, BoxConfig, Config, Timeouts  # noqa: E402
 from orchestrator.driver.gate import run_gate  # noqa: E402
 from orchestrator.box.job import HOOK_CORRUPT  # noqa: E402
+from orchestrator.service.queue import QueueError  # noqa: E402
 
 
 def _ray_children() -> list[psutil.Process]:
@@ -122,9 +123,12 @@ def test_grid_runs_on_the_box_under_the_lock(cluster, env):
     assert all(raw["meta"] == {"fake": True} for raw in cell["arms"]["packed"]["raw"])  # the head's own bench
     assert cell["verdict"]["direction"]["winner"] in ("packed", None)
     assert sum(e["event"] == "leg" for e in events) >= 4 and rec["timings"]["grid_s"] > 0
-    bad = run_gate(cfg, "HEAD", str(repo), "B", grid="nosuch", force=True)
-    assert bad["state"] == "ERROR" and "grid spec 'nosuch': no such file" in bad["error"]
-    _assert_clean(tmp_path, cfg, bad)
+    with pytest.raises(QueueError, match="grid spec 'nosuch': not in"):  # refused before any suite runs
+        run_gate(cfg, "HEAD", str(repo), "B", grid="nosuch", force=True)
+    absolute = run_gate(cfg, "HEAD", str(repo), "B", grid=str(repo / "grids" / "fake.yaml"), force=True)
+    assert absolute["state"] == "PASSED", absolute["error"]  # an absolute path inside the repo is its relative one
+    assert absolute["grid"]["cells"][0]["verdict"] is not None
+    _assert_clean(tmp_path, cfg, absolute)
 
 
 def test_two_jobs_on_one_box_serialize(cluster, env):

@@ -69,6 +69,56 @@ def test_malformed_config_names_the_key(tmp_path, text, key):
     assert str(f) in str(e.value) and key in str(e.value)
 
 
+@pytest.mark.parametrize("text, key", [
+    ("boxes: [{name: a, lock_path: null}]", "boxes[0].lock_path: expected a non-empty string, found None"),
+    ("timeouts: {lock_s: .nan}", "timeouts.lock_s: expected a finite number > 0, found nan"),
+    ("timeouts: {build_s: .inf}", "timeouts.build_s: expected a finite number > 0, found inf"),
+    ("boxes: [{name: a, idle: {max_util_pct: .nan}}]", "boxes[0].idle.max_util_pct: expected a finite number"),
+    ("boxes: [{name: a, idle: {max_util_pct: 250}}]", "boxes[0].idle.max_util_pct: expected a percentage"),
+])
+def test_config_types_and_finite_numbers_are_checked_at_load(tmp_path, text, key):
+    f = tmp_path / "orchestrator.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert str(f) in str(e.value) and key in str(e.value), str(e.value)
+
+
+def _bad_db_path(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / "r.db"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "not sqlite":
+        path.write_bytes(b"not a database, just text\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "under a file":
+        (tmp_path / "afile").write_text("x")
+        path = tmp_path / "afile" / "r.db"
+    return path
+
+
+@pytest.mark.parametrize("kind, why", [("directory", "found a directory"), ("not sqlite", "not a SQLite database"),
+                                       ("fifo", "not a regular file"), ("under a file", "cannot be opened")])
+def test_unopenable_db_path_is_refused_at_load_naming_it(tmp_path, kind, why):
+    target = _bad_db_path(tmp_path, kind)
+    f = tmp_path / "orchestrator.yaml"
+    f.write_text(f"db_path: {target}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert f"{f}: db_path: {target}: " in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_db_path_may_be_a_database_or_a_file_to_create(tmp_path):
+    existing = tmp_path / "old.db"
+    db.connect(existing).close()
+    (tmp_path / "empty.db").write_bytes(b"")
+    for path in (existing, tmp_path / "empty.db", tmp_path / "new" / "deeper" / "r.db"):
+        f = tmp_path / "orchestrator.yaml"
+        f.write_text(f"db_path: {path}\n")
+        assert load_config(f).db_path == path
+
+
 def test_unknown_box_is_named():
     cfg = parse_config({"boxes": [{"name": "a"}]}, "x.yaml", Path("."))
     with pytest.raises(ConfigError, match="unknown box 'nosuch'.*configures a"):

@@ -66,6 +66,32 @@ def test_bad_requests_write_nothing(env, rev, box, grid, error, message):
     assert conn.execute("SELECT COUNT(*) FROM service_jobs").fetchone()[0] == 0
 
 
+def test_a_grid_given_by_absolute_path_is_queued_by_its_path_in_the_repo(env, tmp_path):
+    config, repo, _, conn = env
+    q.enqueue(conn, config, repo, "main", "boxa", str(repo / "grids" / "smoke.yaml"), False, "api")
+    assert q.claim_next(conn, "boxa").grid == "grids/smoke.yaml"  # what the box finds in its tree
+    (tmp_path / "elsewhere.yaml").write_text("name: x\n")
+    with pytest.raises(q.QueueError, match="outside the repository"):
+        q.enqueue(conn, config, repo, "main", "boxa", str(tmp_path / "elsewhere.yaml"), False, "api")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: g.replace("legs: 2", "legs: 1000000"), "legs: expected an integer <= 200"),
+    (lambda g: g.replace("{lm_head: dequant}", "{lm_head: dequant, extra_args: [--model, /tmp/x]}"),
+     "arms.dequant.extra_args: '--model' sets an option the runner sets itself"),
+    (lambda g: g + "timeout_s: .nan\n", "timeout_s: expected a finite positive number, found nan"),
+])
+def test_a_grid_spec_that_does_not_parse_is_refused_before_queueing(env, edit, message):
+    config, repo, _, conn = env
+    spec = repo / "grids" / "smoke.yaml"
+    spec.write_text(edit(spec.read_text()))
+    git(repo, "commit", "-q", "-am", "a bad grid")
+    with pytest.raises(q.QueueError) as e:
+        q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    assert "grids/smoke.yaml at " in str(e.value) and message in str(e.value), str(e.value)
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
 def test_claims_are_oldest_first_once_each_per_box(env):
     config, repo, _, conn = env
     first, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")

@@ -12,7 +12,7 @@ Two recorders (engine.scopes says what each costs):
   the model's forward outside every part is `other`; time in the window outside the forward is
   `host` (the scheduler, block tables, the loop).
 - cuda: the parts are device time. Each kernel or copy is booked to the part range it was launched
-  from (the CUPTI correlation of its launch); a kernel launched outside every part is `other`; time
+  from (its runtime call, found by CUPTI correlation, lies inside that range on the host timeline); a kernel launched outside every part is `other`; time
   the device runs nothing inside the window is `idle` (launch gaps, host syncs). Under CUDA graphs the
   replayed kernels carry no part range (they were recorded once, at capture), so the parts of a
   replayed step come from an eager step of the same bucket, matched kernel by kernel in launch order;
@@ -32,6 +32,24 @@ OTHER = "other"
 # Device work the step is made of. Kineto also puts `gpu_user_annotation` spans (a range's extent
 # on the device timeline) on the device: they are not work, and counting them would count it twice.
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+# Device events that are neither work nor annotations: CUPTI's synchronization records (torch < 2.12
+# names them only; its events carry no activity type).
+SYNC_NAMES = ("Stream Wait Event", "Event Sync", "Context Sync", "Stream Sync", "cuda_sync")
+
+
+def is_device_work(e) -> bool:
+    """A device event that is a kernel, copy or memset. torch >= 2.12 says so (`activity_type`);
+    torch 2.11's events lack it, so there it is any device event that is no user annotation and
+    no synchronization record."""
+    kind = getattr(e, "activity_type", None)
+    if kind is not None:
+        return kind() in DEVICE_WORK
+    annotation = getattr(e, "is_user_annotation", None)
+    if annotation is not None and annotation():
+        return False
+    name = e.name()
+    return not name.startswith(SYNC_NAMES) and scopes.part_of_range(name) is None \
+        and name not in (scopes.FORWARD, scopes.RUN)
 
 
 class AttributionError(RuntimeError):
@@ -42,8 +60,8 @@ class AttributionError(RuntimeError):
 class Trace:
     """What one profiled call leaves: host ranges and device activities, times in microseconds."""
     ranges: list[dict] = field(default_factory=list)  # {id, name, start, end, thread}
-    device: list[dict] = field(default_factory=list)  # {name, start, end, link}
-    launches: list[dict] = field(default_factory=list)  # runtime calls: {name, start, end, link}
+    device: list[dict] = field(default_factory=list)  # {name, start, end, corr}
+    launches: list[dict] = field(default_factory=list)  # runtime calls: {name, start, end, corr}
 
 
 def _config():
@@ -109,6 +127,10 @@ def ranges_of_log(log: list[tuple[str | None, int]]) -> list[dict]:
     return ranges
 
 
+def _ours(name: str) -> bool:
+    return scopes.part_of_range(name) is not None or name in (scopes.FORWARD, scopes.RUN)
+
+
 def _trace(events) -> Trace:
     from torch._C._autograd import DeviceType
 
@@ -116,13 +138,42 @@ def _trace(events) -> Trace:
     for e in events:
         row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
         if e.device_type() != DeviceType.CPU:
-            if e.activity_type() in DEVICE_WORK:
-                t.device.append({**row, "link": e.linked_correlation_id()})
-        elif e.linked_correlation_id() > 0:  # a runtime call (cudaLaunchKernel), linked to its range
-            t.launches.append({**row, "link": e.linked_correlation_id()})
-        else:
+            if is_device_work(e):
+                t.device.append({**row, "corr": e.correlation_id()})
+        elif _ours(row["name"]):
             t.ranges.append({**row, "id": e.correlation_id(), "thread": e.start_thread_id()})
+        else:  # a CUDA runtime call (cudaLaunchKernel, cudaGraphLaunch, ...), by its CUPTI correlation
+            t.launches.append({**row, "corr": e.correlation_id()})
     return t
+
+
+def innermost(ranges: list[dict], times: list[float]) -> list[dict | None]:
+    """For each time, the innermost of the (nested) ranges open at it, or None: one sweep."""
+    out: list[dict | None] = [None] * len(times)
+    rs = sorted(ranges, key=lambda r: (r["start"], -r["end"]))
+    stack: list[dict] = []
+    j = 0
+    for i in sorted(range(len(times)), key=times.__getitem__):
+        t = times[i]
+        while j < len(rs) and rs[j]["start"] <= t:
+            while stack and stack[-1]["end"] <= rs[j]["start"]:
+                stack.pop()
+            stack.append(rs[j])
+            j += 1
+        while stack and stack[-1]["end"] < t:
+            stack.pop()
+        out[i] = stack[-1] if stack else None
+    return out
+
+
+def _launch_ranges(trace: Trace) -> dict[int, dict | None]:
+    """CUPTI correlation -> the innermost of our ranges open when the runtime call was made (the
+    kernel's launch site). Read from the host timeline, not from the profiler's op links: those
+    follow the external-correlation stack, which user scopes alone do not feed on every torch."""
+    thread = next((r["thread"] for r in trace.ranges if r["name"] == scopes.RUN), None)
+    ranges = [r for r in trace.ranges if r["thread"] == thread]
+    found = innermost(ranges, [c["start"] for c in trace.launches])
+    return {c["corr"]: r for c, r in zip(trace.launches, found)}
 
 
 def window(trace: Trace) -> tuple[float, float]:
@@ -151,19 +202,19 @@ def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = 
     `eager_step`: (names, parts) of one eager decode step's activities in launch order, for the
     steps that replayed a CUDA graph (see `eager_step_parts`); None when the decode ran eagerly."""
     lo, hi = window(trace)
-    by_id = {r["id"]: r for r in trace.ranges}
+    launched_in = _launch_ranges(trace)
     replays = _graph_replays(trace)
     if replays and eager_step is None:
         raise AttributionError("trace: CUDA graph replays found but no eager step to map their kernels to")
     spans, replayed = [], {}
     for a in trace.device:
-        if a["link"] in replays:
-            replayed.setdefault(a["link"], []).append(a)
+        if a["corr"] in replays:
+            replayed.setdefault(a["corr"], []).append(a)
             continue
-        linked = by_id.get(a["link"])
+        linked = launched_in.get(a["corr"])
         part = _range_part(linked["name"]) if linked else None
         spans.append(Span(part or OTHER, a["start"], a["end"]))
-    for link, acts in replayed.items():
+    for acts in replayed.values():
         spans += _map_replay(sorted(acts, key=lambda a: a["start"]), *eager_step)
     missing = set(replays) - set(replayed)
     if missing:
@@ -173,8 +224,18 @@ def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = 
 
 
 def _graph_replays(trace: Trace) -> set[int]:
-    """Ids of the ranges a CUDA graph was launched from."""
-    return {c["link"] for c in trace.launches if c["name"].startswith("cudaGraphLaunch")}
+    """CUPTI correlations of the graph launches: a replayed kernel carries its launch's."""
+    return {c["corr"] for c in trace.launches if c["name"].startswith("cudaGraphLaunch")}
+
+
+def same_activity(replayed: str, eager: str) -> bool:
+    """A replayed activity is the eager one: the same kernel, or a copy / memset either way. A graph
+    runs a captured cudaMemcpyAsync as a copy kernel of its own (seen on the H200: 'memcpy32_post'
+    where the eager step had 'Memcpy DtoD (Device -> Device)')."""
+    if replayed == eager:
+        return True
+    kind = lambda n: "memcpy" if n.lower().startswith("memcpy") else "memset" if n.lower().startswith("memset") else n  # noqa: E731
+    return kind(replayed) == kind(eager) and kind(eager) in ("memcpy", "memset")
 
 
 def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Span]:
@@ -182,7 +243,7 @@ def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Sp
         raise AttributionError(f"trace: a CUDA graph replay ran {len(acts)} device activities, the eager step of "
                                f"its bucket {len(names)}: the parts cannot be matched; run with --eager")
     for i, (a, name) in enumerate(zip(acts, names)):
-        if a["name"] != name:
+        if not same_activity(a["name"], name):
             raise AttributionError(f"trace: activity {i} of a CUDA graph replay is {a['name'][:80]!r}, the eager "
                                    f"step's is {name[:80]!r}: the parts cannot be matched; run with --eager")
     return [Span(p, a["start"], a["end"]) for a, p in zip(acts, parts)]
@@ -195,12 +256,9 @@ def eager_step_parts(trace: Trace) -> tuple[list[str], list[str]]:
     if len(forwards) != 1:
         raise AttributionError(f"eager step: expected one {scopes.FORWARD!r} range, found {len(forwards)}")
     lo, hi = forwards[0]["start"], forwards[0]["end"]
-    by_id = {r["id"]: r for r in trace.ranges}
-    names, parts = [], []
-    for a in sorted(trace.device, key=lambda a: a["start"]):
-        linked = by_id.get(a["link"])
-        if linked is None or not lo <= linked["start"] <= hi:
-            continue  # launched outside the forward (the inputs' copies): not in the graph
-        names.append(a["name"])
-        parts.append(_range_part(linked["name"]) or OTHER)
-    return names, parts
+    launches = {c["corr"]: c for c in trace.launches}
+    launched_in = _launch_ranges(trace)
+    inside = [a for a in trace.device if a["corr"] in launches and lo <= launches[a["corr"]]["start"] <= hi]
+    inside.sort(key=lambda a: launches[a["corr"]]["start"])  # the inputs' copies, launched before: not in it
+    return [a["name"] for a in inside], [_range_part((launched_in[a["corr"]] or {}).get("name", "")) or OTHER
+                                         for a in inside]

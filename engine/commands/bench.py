@@ -109,7 +109,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
                    "fp4_gemm_reason": why, "head_fp4_gemm": on_gemm, "cuda_graphs": bool(eng.runner().graphs),
-                   "torch_threads": torch.get_num_threads()},
+                   "fused_decode": eng.model.fused is not None, "torch_threads": torch.get_num_threads()},
         "meta": collect_meta(backend),
     }
 

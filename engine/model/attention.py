@@ -47,12 +47,13 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
 
 class GatedAttention:
     def __init__(self, q_proj, k_proj, v_proj, o_proj, q_norm: RMSNorm, k_norm: RMSNorm, num_heads: int,
-                 num_kv_heads: int, head_dim: int, cache_index: int):
+                 num_kv_heads: int, head_dim: int, cache_index: int, fused=None):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.q_norm, self.k_norm = q_norm, k_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.cache_index = cache_index  # which full-attention layer of the KV cache is ours
         self.scale = head_dim**-0.5
+        self.fused = fused  # engine.fused.fused_kernels(device): live-token decode attention, or None
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
@@ -63,6 +64,12 @@ class GatedAttention:
         q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)
         with scope("attention"):
             q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+            if ctx.kind == "decode" and self.fused is not None:
+                k_cache, v_cache = self._write_kv(k, v, ctx)
+                out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
+                                                    self.scale)
+                with scope("tower.qkvo"):
+                    return self.o_proj(out)
             out = self._attend(q, k, v, ctx)  # [T, H, D]
             out = out.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
         with scope("tower.qkvo"):
@@ -71,13 +78,18 @@ class GatedAttention:
     def _attend(self, q, k, v, ctx: Context) -> torch.Tensor:
         if ctx.kind == "contiguous":
             return attend(q, k, v, 0, self.scale)
+        k_cache, v_cache = self._write_kv(k, v, ctx)
+        if ctx.kind == "decode":
+            return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale)
+        return self._paged_prefill(q, k_cache, v_cache, ctx)
+
+    def _write_kv(self, k, v, ctx: Context):
+        """This step's K/V into the paged cache at `slot_mapping`; returns the layer's (k, v) caches."""
         k_cache, v_cache = ctx.kv_cache.layer(self.cache_index)
         flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
         flat_k.index_copy_(0, ctx.slot_mapping, k.to(flat_k.dtype))
         flat_v.index_copy_(0, ctx.slot_mapping, v.to(flat_v.dtype))
-        if ctx.kind == "decode":
-            return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, self.scale)
-        return self._paged_prefill(q, k_cache, v_cache, ctx)
+        return k_cache, v_cache
 
     def _paged_prefill(self, q, k_cache, v_cache, ctx: Context) -> torch.Tensor:
         out = torch.empty_like(q)

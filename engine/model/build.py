@@ -10,6 +10,7 @@ import torch
 
 from engine.backends import compute_dtype, device_for, fp4_gemm_for
 from engine.errors import CheckpointError
+from engine.fused import fused_kernels
 from engine.linear import DenseLinear, load_head, load_tower_linear, prepare_linear
 from engine.model.attention import GatedAttention
 from engine.model.config import FULL_ATTENTION, ModelConfig
@@ -27,6 +28,7 @@ class _Builder:
         self.device, self.dtype = device_for(backend), compute_dtype(backend)
         self.gemm = fp4_gemm_for(backend)
         self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or w4a4_enabled()
+        self.fused = fused_kernels(self.device)
 
     def linear(self, name: str):
         if name not in self.ckpt.linears:
@@ -46,7 +48,7 @@ class _Builder:
         return GatedAttention(self.linear(f"{p}.q_proj"), self.linear(f"{p}.k_proj"), self.linear(f"{p}.v_proj"),
                               self.linear(f"{p}.o_proj"), self.norm(f"{p}.q_norm.weight"),
                               self.norm(f"{p}.k_norm.weight"), c.num_attention_heads, c.num_key_value_heads,
-                              c.head_dim, cache_index)
+                              c.head_dim, cache_index, fused=self.fused)
 
     def deltanet(self, i: int, state_index: int) -> GatedDeltaNet:
         p, c = f"layers.{i}.linear_attn", self.cfg
@@ -57,12 +59,13 @@ class _Builder:
             self.tensor(f"{p}.A_log"), self.tensor(f"{p}.dt_bias"), self.tensor(f"{p}.norm.weight"),
             num_k_heads=c.linear_num_key_heads, num_v_heads=c.linear_num_value_heads,
             head_k_dim=c.linear_key_head_dim, head_v_dim=c.linear_value_head_dim, eps=c.rms_norm_eps,
-            state_index=state_index)
+            state_index=state_index, fused=self.fused)
 
     def layer(self, i: int, kind: str, index: int) -> DecoderLayer:
         mixer = self.attention(i, index) if kind == FULL_ATTENTION else self.deltanet(i, index)
         p = f"layers.{i}.mlp"
-        mlp = Mlp(self.linear(f"{p}.gate_proj"), self.linear(f"{p}.up_proj"), self.linear(f"{p}.down_proj"))
+        mlp = Mlp(self.linear(f"{p}.gate_proj"), self.linear(f"{p}.up_proj"), self.linear(f"{p}.down_proj"),
+                  fused=self.fused)
         return DecoderLayer(kind, mixer, mlp, self.norm(f"layers.{i}.input_layernorm.weight"),
                             self.norm(f"layers.{i}.post_attention_layernorm.weight"))
 
@@ -84,7 +87,8 @@ def build_model(ckpt, backend: str, lm_head: str) -> Qwen3_5Model:
         layers.append(b.layer(i, kind, counters[kind]))
         counters[kind] += 1
     rope = Rope(c.head_dim, c.partial_rotary_factor, c.rope_theta, b.device)
-    return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), b.head(lm_head, embed), rope, b.dtype)
+    return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), b.head(lm_head, embed), rope, b.dtype,
+                        fused=b.fused)
 
 
 def prepare_model(model: Qwen3_5Model) -> None:

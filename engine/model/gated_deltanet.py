@@ -20,7 +20,7 @@ from engine.scopes import scope
 class GatedDeltaNet:
     def __init__(self, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, conv_weight: torch.Tensor,
                  A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, *, num_k_heads: int,
-                 num_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float, state_index: int):
+                 num_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float, state_index: int, fused=None):
         self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a = in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
         self.out_proj = out_proj
         self.conv_weight = conv_weight  # [conv_dim, kernel] (depthwise)
@@ -29,12 +29,18 @@ class GatedDeltaNet:
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
         self.key_dim = num_k_heads * head_k_dim
         self.eps, self.state_index = eps, state_index
+        self.fused = fused  # engine.fused.fused_kernels(device): the decode step in two kernels, or None
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         with scope("tower.in_proj"):
             qkv = self.in_proj_qkv(x)  # [T, conv_dim]
             z = self.in_proj_z(x)  # [T, Hv * Dv]
             b, a = self.in_proj_b(x), self.in_proj_a(x)
+        if ctx.kind == "decode" and self.fused is not None:
+            with scope("delta_rule"):  # the gated RMSNorm is inside the step's kernel, so booked here
+                core = self._decode_fused(qkv, z, b, a, ctx)
+            with scope("tower.out_proj"):
+                return self.out_proj(core)
         with scope("delta_rule"):
             beta = b.sigmoid()  # [T, Hv]
             # The decay in log space, FP32 so -exp(A_log) never overflows the activation dtype
@@ -74,6 +80,13 @@ class GatedDeltaNet:
             ctx.state_cache.conv(self.state_index).index_copy_(0, slot, history.to(ctx.state_cache.dtype))
             ctx.state_cache.recurrent(self.state_index).index_copy_(0, slot, state)
         return out[0].reshape(t, -1)
+
+    def _decode_fused(self, qkv, z, b, a, ctx: Context) -> torch.Tensor:
+        cache = ctx.state_cache
+        mixed = self.fused.conv_step(qkv, cache.conv(self.state_index), ctx.state_slots, self.conv_weight)
+        return self.fused.delta_step(mixed, z, b, a, cache.recurrent(self.state_index), ctx.state_slots, self.A_log,
+                                     self.dt_bias, self.norm_weight, num_k_heads=self.num_k_heads,
+                                     head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim, eps=self.eps)
 
     def _decode(self, qkv, g, beta, ctx: Context) -> torch.Tensor:
         conv_cache = ctx.state_cache.conv(self.state_index)  # [slots, conv_dim, kern-1]

@@ -8,12 +8,14 @@ from engine.scopes import scope
 
 
 class Mlp:
-    def __init__(self, gate_proj, up_proj, down_proj):
+    def __init__(self, gate_proj, up_proj, down_proj, fused=None):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.fused = fused  # engine.fused.fused_kernels(device): SiLU * up in one kernel, or None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with scope("tower.gate_up"):
             gate, up = self.gate_proj(x), self.up_proj(x)
-        h = F.silu(gate) * up  # the activation is no GEMM: it stays `other`
+        # the activation is no GEMM: it stays `other`
+        h = F.silu(gate) * up if self.fused is None else self.fused.silu_mul(gate, up)
         with scope("tower.down"):
             return self.down_proj(h)

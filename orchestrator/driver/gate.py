@@ -80,6 +80,9 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     t0 = time.monotonic()
     box_cfg = config.box(box)
     arch = archive(repo, rev)
+    if grid is not None:  # the API's check: a spec the head has and that parses, before any suite
+        from orchestrator.service.queue import check_grid  # the queue imports this module
+        grid = check_grid(arch, grid)
     archive_s = time.monotonic() - t0
     progress({"event": "step", "step": "archive", "status": "done",
               "detail": f"{arch.sha[:12]} {len(arch.tarball)} bytes md5 {arch.md5}"})

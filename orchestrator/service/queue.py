@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grids.spec import SpecError, parse_spec_text, repo_relative
 from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.driver.gate import idempotency_key, new_record
@@ -70,7 +71,7 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
     box_cfg = config.box(box)
     arch = archive(repo, rev)
     if grid is not None:
-        _check_grid(arch, grid)
+        grid = check_grid(arch, grid)
     key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), trusted_root=config.trusted_root)
     with _ENQUEUE:
         if not force and (done := db.find_reusable(conn, key)) is not None:
@@ -88,11 +89,25 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
     return record, True
 
 
-def _check_grid(arch: Archive, grid: str) -> None:
+def check_grid(arch: Archive, grid: str) -> str:
+    """The grid spec as the box will name it (relative to the repository root), after checking the head
+    has it and it parses (types, bounds: grids.spec); QueueError otherwise, before anything runs.
+    The API's queueing and the CLI's `gate --grid` both call it."""
+    try:
+        grid = repo_relative(grid, arch.repo)
+    except SpecError as e:
+        raise QueueError(str(e)) from None
     # The same places the box looks (`grid_job.spec_path`), read from the archive without unpacking.
     candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
-    if not any(read_member(arch.tarball, c) is not None for c in candidates):
-        raise QueueError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
+    for c in candidates:
+        text = read_member(arch.tarball, c)
+        if text is not None:
+            try:
+                parse_spec_text(text, f"{c} at {arch.sha[:12]}")
+            except SpecError as e:
+                raise QueueError(str(e)) from None  # names the spec, the head and the key
+            return grid
+    raise QueueError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
 
 
 def _pending(conn: sqlite3.Connection, key: str) -> dict | None:

@@ -1,0 +1,28 @@
+"""The fused decode kernels, chosen once per model at build: on CUDA with REGATE_FUSED_DECODE=1.
+
+kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch ops),
+kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
+kernels/decode_norm.py (residual add + RMSNorm, SiLU * up). Off by default until the 64-layer grid
+has measured them; the torch path stays the reference twin (tests/test_fused_decode.py compares
+them) and the only path on the CPU backend.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+ENV = "REGATE_FUSED_DECODE"
+
+
+def fused_kernels(device: torch.device) -> SimpleNamespace | None:
+    """The kernel functions when this device runs them, else None (the reference path)."""
+    if device.type != "cuda" or os.environ.get(ENV, "0") != "1":
+        return None
+    from kernels import decode_norm, gdn_decode, paged_attention
+
+    return SimpleNamespace(conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
+                           paged_decode_gated=paged_attention.paged_decode_gated,
+                           rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,
+                           silu_mul=decode_norm.silu_mul)

@@ -1,0 +1,72 @@
+"""Row kernels of the decode step (Triton), each one launch where the reference takes 5-10 torch ops:
+
+- `add_rms_norm`: the residual add and the next (1 + w) RMSNorm of Qwen3.5 (engine.model.norm.RMSNorm)
+  in one pass: h + d rounded to the activation dtype (the new residual), then normed in FP32.
+- `silu_mul`: the SwiGLU activation silu(gate) * up, rounded where the reference rounds (after SiLU).
+
+Sums inside FP32 are reordered against torch's reductions: FP32 noise, not bit identity.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_round import round_to
+
+
+@triton.jit
+def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out,
+                        HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    m = c < n
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
+    if HAS_D:
+        x = round_to(x + tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32), dt)
+        tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    y = y * (1.0 + tl.load(w_ptr + c, mask=m).to(tl.float32))
+    tl.store(out_ptr + r * s_out + c, round_to(y, dt).to(dt), mask=m)
+
+
+@triton.jit
+def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, s_g, s_u, s_out, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < n
+    dt = out_ptr.dtype.element_ty
+    g = tl.load(g_ptr + r * s_g + c, mask=m).to(tl.float32)
+    act = round_to(g * tl.sigmoid(g), dt)
+    out = round_to(act * tl.load(u_ptr + r * s_u + c, mask=m).to(tl.float32), dt)
+    tl.store(out_ptr + r * s_out + c, out.to(dt), mask=m)
+
+
+def _block(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """(1 + w) RMSNorm of each row of x [T, N]."""
+    out = torch.empty_like(x)
+    add_rms_norm_kernel[(x.shape[0],)](x, x, weight, x, out, x.shape[1], eps, x.stride(0), 0, 0, out.stride(0),
+                                       HAS_D=False, BLOCK=_block(x.shape[1]), num_warps=8)
+    return out
+
+
+def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(h + d, RMSNorm(h + d)) for rows of [T, N]: the new residual and its normed copy."""
+    res, out = torch.empty_like(h), torch.empty_like(h)
+    add_rms_norm_kernel[(h.shape[0],)](h, d, weight, res, out, h.shape[1], eps, h.stride(0), d.stride(0),
+                                       res.stride(0), out.stride(0), HAS_D=True, BLOCK=_block(h.shape[1]),
+                                       num_warps=8)
+    return res, out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(gate)
+    block = 1024
+    silu_mul_kernel[(gate.shape[0], triton.cdiv(gate.shape[1], block))](
+        gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), out.stride(0), BLOCK=block)
+    return out

@@ -1,0 +1,102 @@
+"""The decode step of Gated DeltaNet in two Triton kernels, against ~45 torch ops in the reference
+(engine.model.gated_deltanet._decode + engine.model.delta_rule.recurrent_gated_delta_rule +
+engine.model.norm.gated_rms_norm), which read and write the FP32 state [Hv, Dk, Dv] of every
+sequence ~8 times per layer.
+
+- `conv_step`: the depthwise causal conv at one position for every channel, SiLU, and the conv
+  window shifted in place. Its own kernel because each q/k channel feeds Hv/Hk value heads: fused
+  into the step, the first head to shift the window would race the others reading it.
+- `delta_step`: one program per (sequence, value head): q/k L2 norms, the decay and beta from the
+  raw a/b projections, the state slot read ONCE and written ONCE in place, o = q^T S, and the gated
+  RMSNorm of o (the whole head is in the program, so the norm needs no second pass).
+
+Rounding follows the reference where it rounds to the activation dtype (the conv's products and
+sum, SiLU, beta = sigmoid(b), the core output before the norm, the norm's weight product); sums
+inside FP32 are reordered, so results agree to FP32 reduction noise, not bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_round import round_to as _round
+
+
+@triton.jit
+def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s_qkv, s_conv, s_mixed,
+                     KERN: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < conv_dim
+    dt = mixed_ptr.dtype.element_ty
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    win = conv_ptr + slot * s_conv + c * (KERN - 1)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(KERN - 1):  # window taps oldest first, as the reference sums them
+        xj = tl.load(win + j, mask=m)
+        acc += _round(xj.to(tl.float32) * tl.load(w_ptr + c * KERN + j, mask=m).to(tl.float32), dt)
+        if j > 0:
+            tl.store(win + j - 1, xj, mask=m)  # shift: this thread read tap j-1 already
+    x_new = tl.load(qkv_ptr + b * s_qkv + c, mask=m)
+    acc += _round(x_new.to(tl.float32) * tl.load(w_ptr + c * KERN + KERN - 1, mask=m).to(tl.float32), dt)
+    tl.store(win + KERN - 2, x_new.to(conv_ptr.dtype.element_ty), mask=m)
+    y = _round(acc, dt)
+    tl.store(mixed_ptr + b * s_mixed + c, _round(y * tl.sigmoid(y), dt).to(dt), mask=m)
+
+
+@triton.jit
+def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_ptr, dtb_ptr, normw_ptr, out_ptr,
+                      key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
+                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    kh = hv // REP
+    dt = out_ptr.dtype.element_ty
+    kk = tl.arange(0, DK)
+    vv = tl.arange(0, DV)
+    row = mixed_ptr + b * s_mixed
+    q = tl.load(row + kh * DK + kk).to(tl.float32)
+    k = tl.load(row + key_dim + kh * DK + kk).to(tl.float32)
+    v = tl.load(row + 2 * key_dim + hv * DV + vv).to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+    beta = _round(tl.sigmoid(tl.load(b_ptr + b * s_b + hv).to(tl.float32)), dt)
+    x = tl.load(a_ptr + b * s_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold
+    decay = tl.exp(-tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    sp = rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(sp) * decay
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    tl.store(sp, s)
+    o = _round(tl.sum(s * q[:, None], axis=0), dt)
+    h = o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    h = _round(tl.load(normw_ptr + vv).to(tl.float32) * _round(h, dt), dt)
+    z = tl.load(z_ptr + b * s_z + hv * DV + vv).to(tl.float32)
+    tl.store(out_ptr + b * s_out + hv * DV + vv, _round(h * z * tl.sigmoid(z), dt).to(dt))
+
+
+def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """qkv [B, C]; conv_cache [S, C, K-1] (shifted in place at `slots`); weight [C, K] -> [B, C]."""
+    bsz, c = qkv.shape
+    kern = weight.shape[1]
+    mixed = torch.empty_like(qkv)
+    block = 1024
+    conv_step_kernel[(bsz, triton.cdiv(c, block))](qkv, conv_cache, slots, weight, mixed, c, qkv.stride(0),
+                                                   conv_cache.stride(0), mixed.stride(0), KERN=kern, BLOCK=block)
+    return mixed
+
+
+def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *, num_k_heads: int,
+               head_k_dim: int, head_v_dim: int, eps: float) -> torch.Tensor:
+    """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
+    in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype."""
+    bsz, hv = b.shape
+    out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
+    delta_step_kernel[(bsz, hv)](
+        mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, num_k_heads * head_k_dim, eps,
+        head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), rec_cache.stride(0), out.stride(0),
+        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, num_warps=8)
+    return out

@@ -1,0 +1,159 @@
+"""The fused decode kernels (kernels/gdn_decode.py, decode_norm.py, paged_attention.py) against their
+reference twins in engine.model, on fresh random inputs: on the GPU when there is one, else under
+Triton's CPU interpreter (so CI checks the kernels' maths without a GPU)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():  # read when a kernel is decorated: before the imports below
+    _previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+from kernels import decode_norm, gdn_decode, paged_attention  # noqa: E402
+
+if not torch.cuda.is_available():
+    if _previous is None:
+        os.environ.pop("TRITON_INTERPRET")
+    else:
+        os.environ["TRITON_INTERPRET"] = _previous
+
+from engine.model.attention import paged_decode_attention  # noqa: E402
+from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
+from engine.model.norm import RMSNorm, gated_rms_norm  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """The interpreter is asked at launch too; on for these tests only, so no other test's Triton
+    use changes behind its back."""
+    if DEV.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+BF16 = torch.bfloat16
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units of b's BF16 spacing (2^-7 relative), for values away from zero."""
+    return (a.float() - b.float()).abs() / (b.float().abs().clamp_min(1e-3) * 2**-7)
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv", [(2, 4, 32, 32), (2, 6, 16, 32)])
+def test_gated_deltanet_decode_step_matches_the_reference(hk, hv, dk, dv):
+    g = torch.Generator().manual_seed(hk * 100 + hv)
+    bsz, kern, n_slots, eps = 3, 4, 6, 1e-6
+    conv_dim = 2 * hk * dk + hv * dv
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    qkv, z = r(bsz, conv_dim).to(BF16), r(bsz, hv * dv).to(BF16)
+    b, a = r(bsz, hv).to(BF16), r(bsz, hv).to(BF16)
+    conv_cache, conv_w = r(n_slots, conv_dim, kern - 1).to(BF16), r(conv_dim, kern, scale=0.5).to(BF16)
+    rec = r(n_slots, hv, dk, dv, scale=0.1)
+    a_log, dt_bias, norm_w = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), (1 + r(dv, scale=0.1)).to(BF16)
+    slots = torch.tensor([4, 1, 2])  # scattered, not in order
+    # reference (engine.model.gated_deltanet._decode, spelled out on plain tensors)
+    window = torch.cat([conv_cache[slots], qkv.unsqueeze(-1)], dim=-1)
+    ref_conv = conv_cache.clone()
+    ref_conv[slots] = window[..., 1:]
+    mixed = F.silu((window * conv_w).sum(-1)).to(BF16)
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+    beta = b.sigmoid()
+    gdecay = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    out, state = recurrent_gated_delta_rule(q.reshape(bsz, 1, hk, dk), k.reshape(bsz, 1, hk, dk),
+                                            v.reshape(bsz, 1, hv, dv), gdecay[:, None], beta[:, None], rec[slots])
+    ref_rec = rec.clone()
+    ref_rec[slots] = state
+    ref_out = gated_rms_norm(out.reshape(-1, dv), z.reshape(-1, dv), norm_w, eps).reshape(bsz, -1)
+    # fused
+    dev = lambda t: t.to(DEV)  # noqa: E731
+    conv_k, rec_k, slots_k = dev(conv_cache), dev(rec), dev(slots)
+    mixed_k = gdn_decode.conv_step(dev(qkv), conv_k, slots_k, dev(conv_w))
+    out_k = gdn_decode.delta_step(mixed_k, dev(z), dev(b), dev(a), rec_k, slots_k, dev(a_log), dev(dt_bias),
+                                  dev(norm_w), num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=eps)
+    assert torch.equal(conv_k.cpu(), ref_conv)  # the window shift is a copy: exact, other slots untouched
+    assert _ulps(mixed_k.cpu(), mixed).max() <= 1.0
+    torch.testing.assert_close(rec_k.cpu(), ref_rec, rtol=1e-4, atol=1e-5)
+    assert torch.equal(rec_k.cpu()[[0, 3, 5]], rec[[0, 3, 5]])
+    assert _ulps(out_k.cpu(), ref_out).max() <= 2.0  # BF16 output after FP32 sums in another order
+
+
+def test_add_rms_norm_and_rms_norm_match_the_reference():
+    g = torch.Generator().manual_seed(7)
+    h, d = (torch.randn(5, 300, generator=g) * 3).to(BF16), torch.randn(5, 300, generator=g).to(BF16)
+    w = (torch.randn(300, generator=g) * 0.1).to(BF16)
+    ref_res = h + d
+    ref = RMSNorm(w, 1e-6)(ref_res)
+    res, out = decode_norm.add_rms_norm(h.to(DEV), d.to(DEV), w.to(DEV), 1e-6)
+    assert torch.equal(res.cpu(), ref_res)
+    assert _ulps(out.cpu(), ref).max() <= 1.0
+    assert _ulps(decode_norm.rms_norm(h.to(DEV), w.to(DEV), 1e-6).cpu(), RMSNorm(w, 1e-6)(h)).max() <= 1.0
+
+
+def test_silu_mul_matches_the_reference():
+    g = torch.Generator().manual_seed(8)
+    gate, up = (torch.randn(4, 2500, generator=g) * 4).to(BF16), torch.randn(4, 2500, generator=g).to(BF16)
+    out = decode_norm.silu_mul(gate.to(DEV), up.to(DEV)).cpu()
+    assert _ulps(out, F.silu(gate) * up).max() <= 1.0
+
+
+@pytest.mark.parametrize("h, hkv, d", [(4, 2, 32), (24, 4, 64)])
+def test_paged_decode_attention_reads_live_blocks_and_matches_the_reference(h, hkv, d):
+    g = torch.Generator().manual_seed(h)
+    bs, num_blocks, max_blocks = 16, 60, 12
+    lens = torch.tensor([1, 17, 150, 64])  # one token, a block plus one, several tiles, a tile exactly
+    bsz = len(lens)
+    k_cache = torch.randn(num_blocks, bs, hkv, d, generator=g).to(BF16)
+    v_cache = torch.randn(num_blocks, bs, hkv, d, generator=g).to(BF16)
+    tables = torch.randperm(num_blocks, generator=g)[: bsz * max_blocks].reshape(bsz, max_blocks)
+    q = torch.randn(bsz, h, d, generator=g).to(BF16)
+    gate = torch.randn(bsz, h, 2 * d, generator=g).to(BF16)[..., d:]  # a strided view, as the model's chunk
+    scale = d**-0.5
+    ref = (paged_decode_attention(q, k_cache, v_cache, tables, lens, scale).reshape(bsz, -1)
+           * torch.sigmoid(gate.reshape(bsz, -1)))
+    # poison every block no sequence reads live: the kernel must never touch them
+    live = {int(tables[i, j]) for i in range(bsz) for j in range((int(lens[i]) + bs - 1) // bs)}
+    dead = [n for n in range(num_blocks) if n not in live]
+    k_cache[dead], v_cache[dead] = float("nan"), float("nan")
+    out = paged_attention.paged_decode_gated(q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), tables.to(DEV),
+                                             lens.to(DEV), gate.to(DEV), scale).cpu()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
+    """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
+    greedy tokens and logits within FP32 noise, prompts of different lengths in one batch."""
+    from types import SimpleNamespace
+
+    from engine import fused
+    from engine.engine import Engine
+    from engine_oracle import tiny
+
+    ckpt = tiny()
+    prompts = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
+    ref = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128).generate(prompts, 12)
+    calls: dict[str, int] = {}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return call
+    kernels = SimpleNamespace(**{name: counted(name, fn) for name, fn in (
+        ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
+        ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
+        ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
+    monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
+    eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
+    assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
+    assert eng.generate(prompts, 12) == ref
+    steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
+    if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
+        assert calls["delta_step"] == calls["conv_step"] > 0 and calls["paged_decode_gated"] > 0
+    else:
+        assert calls["delta_step"] == calls["conv_step"] == steps * 3 and calls["paged_decode_gated"] == steps * 1
+    assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
+    assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
