@@ -9,31 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():  # read when a kernel is decorated: before the imports below
-    _previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
 triton = pytest.importorskip("triton")
 from kernels import decode_norm, gdn_decode, paged_attention  # noqa: E402
-
-if not torch.cuda.is_available():
-    if _previous is None:
-        os.environ.pop("TRITON_INTERPRET")
-    else:
-        os.environ["TRITON_INTERPRET"] = _previous
-
 from engine.model.attention import paged_decode_attention  # noqa: E402
 from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
 from engine.model.norm import RMSNorm, gated_rms_norm  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@pytest.fixture(autouse=True)
-def _interpreter(monkeypatch):
-    """The interpreter is asked at launch too; on for these tests only, so no other test's Triton
-    use changes behind its back."""
-    if DEV.type == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
 BF16 = torch.bfloat16
 
 
