@@ -145,8 +145,11 @@ def find_reusable(conn: sqlite3.Connection, idem_key: str) -> dict | None:
 
 def get(conn: sqlite3.Connection, run_id: str) -> dict:
     """The record of `run_id` (a unique prefix is enough); KeyError naming what matched."""
-    rows = conn.execute("SELECT run_id, record FROM runs WHERE run_id LIKE ? ORDER BY run_id",
-                        (run_id.replace("%", "") + "%",)).fetchall()
+    if not run_id:
+        raise KeyError("no run ''")
+    # A plain prefix comparison: LIKE would read `_` and `%` in the id as wildcards.
+    rows = conn.execute("SELECT run_id, record FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY run_id",
+                        (len(run_id), run_id)).fetchall()
     exact = [r for r in rows if r[0] == run_id]
     if exact or len(rows) == 1:
         return json.loads((exact or rows)[0][1])

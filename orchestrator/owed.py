@@ -154,7 +154,7 @@ def list_open(conn: sqlite3.Connection, head_sha: str | None = None) -> list[dic
     ensure_schema(conn)
     sql, args = f"SELECT {', '.join(_COLUMNS)} FROM owed WHERE state='open'", []
     if head_sha:
-        sql, args = sql + " AND head_sha LIKE ?", [head_sha.lower().replace("%", "") + "%"]
+        sql, args = sql + " AND substr(head_sha, 1, ?) = ?", [len(head_sha), head_sha.lower()]  # no LIKE wildcards
     return [_row(r) for r in conn.execute(sql + " ORDER BY id", args).fetchall()]
 
 

@@ -99,7 +99,8 @@ Y
   for i in $(seq 60); do url=$(grep -o 'http://[0-9.:]*' "$OUT/serve.stdout" | head -1); [ -n "$url" ] && break; sleep 1; done
   [ -n "$url" ] || { echo "serve did not start"; tail -20 "$OUT/serve.stderr"; return 1; }
   echo "serving at $url"
-  curl -s -XPOST -H 'Content-Type: application/json' -d "{\"head\": \"HEAD\", \"grid\": \"$grid\"}" "$url/api/gate" | tee "$OUT/post.json"; echo
+  curl -s -XPOST -H 'Content-Type: application/json' -H "Authorization: Bearer $(cat "$CLONE/.regate/api-token")" \
+    -d "{\"head\": \"HEAD\", \"grid\": \"$grid\"}" "$url/api/gate" | tee "$OUT/post.json"; echo
   local deadline=$((SECONDS + ${SERVE_WAIT_S:-480})) fired=""
   while [ $SECONDS -lt $deadline ]; do
     sleep 10

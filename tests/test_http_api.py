@@ -9,6 +9,7 @@ import pytest
 from orchestrator.service.http_api import MAX_BODY, ApiServer, BadRequest, NotFound, serve_in_thread
 
 SHA = "a" * 40
+TOKEN = "test-token-" + "t" * 24
 
 
 def record(run_id, state="PASSED", sha=SHA, box="boxa"):
@@ -54,7 +55,7 @@ class FakeBackend:
 
 @pytest.fixture(scope="module")
 def live_server():
-    server = ApiServer(FakeBackend(), "127.0.0.1", 0)
+    server = ApiServer(FakeBackend(), "127.0.0.1", 0, token=TOKEN)
     thread = serve_in_thread(server)
     try:
         yield server
@@ -71,11 +72,12 @@ def api(live_server):
     return live_server, live_server.backend
 
 
-def request(server, method, path, body=None, headers=None):
+def request(server, method, path, body=None, headers=None, token=TOKEN):
     host, port = server.server_address[:2]
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         hdrs = {"Content-Type": "application/json"} if body is not None else {}
+        hdrs |= {"Authorization": f"Bearer {token}"} if token else {}
         hdrs.update(headers or {})
         conn.request(method, path, body=body, headers=hdrs)
         resp = conn.getresponse()
@@ -122,6 +124,7 @@ def test_queue_a_gate(api):
     ("{not json", None, 400, "malformed JSON"),
     ('["main"]', None, 400, "expected a JSON object"),
     ("{}", None, 400, "missing field 'head'"),
+    ('{"head": null}', None, 400, "missing field 'head'"),  # found by the fuzz: was a 500
     ('{"head": 7}', None, 400, "field 'head'"),
     ('{"head": "  "}', None, 400, "field 'head'"),
     ('{"head": "main", "force": "yes"}', None, 400, "field 'force'"),
@@ -129,6 +132,10 @@ def test_queue_a_gate(api):
     ('{"head": "nope"}', None, 400, "unknown revision 'nope'"),
     ('{"head": "main", "box": "boxz"}', None, 400, "unknown box 'boxz'"),
     (b"\xff\xfe", None, 400, "malformed JSON"),
+    ('{"head": "main\\u0000"}', None, 400, "field 'head': contains a control character"),
+    ('{"head": "main", "box": "boxa\\n"}', None, 400, "field 'box': contains a control character"),
+    ("[" * 20_000 + "]" * 20_000, None, 400, "nested too deeply"),  # 40 KB: RecursionError was a 500
+    ('{"head": ' + '{"a": ' * 5_000 + "1" + "}" * 5_001, None, 400, "nested too deeply"),
     ('{"head": "main"}', {"Content-Type": "text/plain"}, 415, "application/json"),
     ('{"head": "main", "pad": "' + "x" * MAX_BODY + '"}', None, 413, "at most 65536"),
     ('{"head": "main", "pad": "' + "x" * (20 * MAX_BODY) + '"}', None, 413, "at most 65536"),
@@ -146,6 +153,7 @@ def test_missing_length_and_chunked_bodies_are_refused(api):
     conn = http.client.HTTPConnection(host, port, timeout=10)
     conn.putrequest("POST", "/api/gate")
     conn.putheader("Content-Type", "application/json")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
     conn.endheaders()
     resp = conn.getresponse()
     assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["error"]
@@ -156,6 +164,7 @@ def test_missing_length_and_chunked_bodies_are_refused(api):
     conn = http.client.HTTPConnection(host, port, timeout=10)  # a terabyte announced: refused unread
     conn.putrequest("POST", "/api/gate")
     conn.putheader("Content-Type", "application/json")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
     conn.putheader("Content-Length", str(10**12))
     conn.endheaders(b'{"head": "main"}')
     resp = conn.getresponse()
@@ -171,6 +180,7 @@ def test_missing_length_and_chunked_bodies_are_refused(api):
     ("GET", "/../etc/passwd", 404),
     ("GET", "/api/runs?limit=0", 400),
     ("GET", "/api/runs?limit=abc", 400),
+    ("GET", "/api/runs?limit=%C2%B2", 400),  # "²": isdigit() but not int(): was a 500
     ("GET", "/api/gate", 405),
     ("POST", "/api/runs", 405),
     ("POST", "/api/elsewhere", 404),

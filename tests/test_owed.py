@@ -32,6 +32,13 @@ def test_seed_run_opens_magnitude_and_direction_with_reasons(conn):
     assert items["magnitude"]["label"] == items["magnitude"]["cell"]  # the fixture's cell has no label
 
 
+def test_a_head_prefix_is_literal_not_a_like_pattern(conn):
+    owed.sync_from_record(conn, rr.seed_record(run_id="r-1"))
+    assert len(owed.list_open(conn, SHA[:6])) == 2
+    for pattern in ("_", SHA[:5] + "_", "%", "_" * 40):
+        assert owed.list_open(conn, pattern) == [], pattern  # `_` matched every head
+
+
 def test_sync_is_idempotent_and_keeps_the_opener(conn):
     owed.sync_from_record(conn, rr.seed_record(run_id="r-1"))
     out = owed.sync_from_record(conn, rr.seed_record(run_id="r-2"))

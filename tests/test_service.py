@@ -20,6 +20,8 @@ from orchestrator.service.schedule import FakeClock, Schedule
 from orchestrator.service.daemon import Backend, Service
 from service_support import config_for, make_repo
 
+TOKEN = "service-test-token-0123456789"
+
 
 @pytest.fixture
 def env(tmp_path):
@@ -30,7 +32,7 @@ def env(tmp_path):
 @pytest.fixture
 def server(env):
     config, repo, _ = env
-    srv = ApiServer(Backend(config, str(repo)), "127.0.0.1", 0)
+    srv = ApiServer(Backend(config, str(repo)), "127.0.0.1", 0, token=TOKEN)
     thread = serve_in_thread(srv)
     yield srv
     srv.shutdown()
@@ -41,7 +43,8 @@ def server(env):
 def call(srv, method, path, body=None):
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=10)
     try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"} if body else {}
+        conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         data = resp.read()
         is_json = resp.getheader("Content-Type", "").startswith("application/json")
@@ -78,6 +81,7 @@ def test_queue_list_show_over_http(env, server):
     ({"head": "no-such-rev"}, "unknown revision 'no-such-rev'"),
     ({"head": "main", "box": "boxz"}, "unknown box 'boxz'"),
     ({"head": "main", "grid": "nogrid"}, "grid spec 'nogrid'"),
+    ({"head": "main\x00"}, "field 'head': contains a control character"),  # git's argv: was a 500
 ])
 def test_unknown_revision_box_or_grid_is_400_and_queues_nothing(env, server, body, message):
     status, answer = call(server, "POST", "/api/gate", json.dumps(body))
@@ -89,6 +93,22 @@ def test_unknown_run_is_404(server):
     status, answer = call(server, "GET", "/api/runs/20991231T000000Z-ffffffff-0000")
     assert status == 404 and "no run" in answer["error"]
     assert call(server, "GET", "/20991231T000000Z-ffffffff-0000.html")[0] == 404
+
+
+def test_run_id_prefixes_are_literal_not_like_patterns(env, server):
+    status, queued = call(server, "POST", "/api/gate", json.dumps({"head": "main"}))
+    assert status == 202
+    run_id = queued["run_id"]
+    for pattern in ("_", "_" * len(run_id), run_id[:4] + "_"):
+        status, answer = call(server, "GET", f"/api/runs/{pattern}")
+        assert status == 404 and "no run" in answer["error"], pattern  # `_` matched any run
+    conn = db.connect(env[0].db_path)
+    for pattern in ("%", run_id[:3] + "%", "", "_%"):  # `orchestrator show` reads the same way
+        with pytest.raises(KeyError, match="no run"):
+            db.get(conn, pattern)
+    conn.close()
+    assert call(server, "GET", f"/api/runs/{run_id[:12]}")[1]["run_id"] == run_id
+    assert call(server, "GET", f"/api/owed?head={queued['head']['sha'][:7]}")[0] == 200
 
 
 CHROMIUM = shutil.which("chromium")

@@ -49,3 +49,16 @@ def test_a_port_in_use_is_refused(app, tmp_path):
         port = taken.getsockname()[1]
         result = serve(app, "--port", str(port), "--config", str(cfg), "--repo", str(repo))
     assert result.exit_code == 2 and "in use" in result.output
+
+
+@pytest.mark.timeout(120)  # before the token, serve started here and served until killed
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_no_usable_token_refuses_to_serve(app, tmp_path, host):
+    repo, _ = make_repo(tmp_path)
+    cfg = write_config(tmp_path, repo)
+    (tmp_path / "api-token").write_text("a-token-others-can-read-0123456789\n")
+    (tmp_path / "api-token").chmod(0o644)
+    result = serve(app, "--host", host, "--port", "0", "--config", str(cfg), "--repo", str(repo))
+    assert result.exit_code == 2 and "lets others read it" in result.output
+    if host == "0.0.0.0":
+        assert "refusing to serve on 0.0.0.0 (not loopback) without a token" in result.output

@@ -44,9 +44,9 @@ def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline().decode()
 
 
-def post_gate(url: str, head: str) -> str:
-    req = urllib.request.Request(f"{url}/api/gate", data=json.dumps({"head": head}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+def post_gate(url: str, head: str, token: str) -> str:
+    req = urllib.request.Request(f"{url}/api/gate", data=json.dumps({"head": head}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())["run_id"]
 
@@ -84,7 +84,10 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         line = first_line(proc, 120)
         assert line.startswith("serving http://127.0.0.1:"), line + log_path.read_text()
         url = line.split()[1]
-        done = post_gate(url, quick)
+        token_file = tmp_path / "api-token"  # the state directory: the database's
+        assert f"token {token_file}," in line and oct(token_file.stat().st_mode & 0o777) == "0o600"
+        token = token_file.read_text().strip()
+        done = post_gate(url, quick, token)
         assert wait_for(lambda: json.loads(get(f"{url}/api/runs/{done}")[1])["state"] not in
                         ("QUEUED", "RUNNING"), 240), log_path.read_text()[-3000:]
         record = json.loads(get(f"{url}/api/runs/{done}")[1])
@@ -92,7 +95,7 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         assert [(s["name"], s["state"]) for s in record["suites"]] == [("quick", "GREEN")]
         status, page = get(f"{url}/{done}.html")
         assert status == 200 and done.encode() in page
-        run_id = post_gate(url, slow)
+        run_id = post_gate(url, slow, token)
         # The slow suite sleeps: wait until it runs on the box, then stop the service under it.
         assert wait_for(lambda: f"run {run_id}: quick start" in log_path.read_text(), 180), \
             log_path.read_text()[-3000:]

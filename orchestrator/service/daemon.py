@@ -92,6 +92,8 @@ class Service:
     schedules: tuple[Schedule, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8470
+    token: str | None = None  # the bearer token of POSTs (and of every request off loopback)
+    names: tuple[str, ...] = ()  # Host names accepted beside loopback's and the bound address
     clock: Clock = field(default_factory=SystemClock)
     poll_s: float = 1.0  # schedule tick and queue poll period
     stop: threading.Event = field(default_factory=threading.Event)
@@ -115,7 +117,7 @@ class Service:
             conn.close()
         log.info("start: %d queued job(s) requeued, %d run(s) LOST, %d firing(s) abandoned",
                  requeued, len(lost), abandoned)
-        self.server = ApiServer(Backend(self.config, self.repo), self.host, self.port)
+        self.server = ApiServer(Backend(self.config, self.repo), self.host, self.port, self.token, self.names)
         serve_in_thread(self.server)
         for box in self.config.boxes:
             t = threading.Thread(target=self._work, args=(box.name,), name=f"worker-{box.name}", daemon=True)
@@ -245,7 +247,8 @@ def _record_crash(config: Config, conn, run_id: str) -> None:
         log.exception("could not record the crash of run %s", run_id)
 
 
-def load_service(config: Config, config_path: str | Path | None, repo: str, host: str, port: int) -> Service:
+def load_service(config: Config, config_path: str | Path | None, repo: str, host: str, port: int,
+                 token: str | None = None, names: tuple[str, ...] = ()) -> Service:
     boxes = tuple(b.name for b in config.boxes)
     schedules = schedule.load_schedules(config_path, boxes) if config_path else ()
-    return Service(config, repo, schedules, host, port)
+    return Service(config, repo, schedules, host, port, token, names)
