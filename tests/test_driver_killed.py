@@ -4,8 +4,9 @@ A real `orchestrator gate` process (its own local Ray, this machine its one box)
 whose suite starts a grandchild and hangs. Once both run, the driver is SIGKILLed; Ray then tears the
 box worker down with its direct children. flock(1) is the observer, as a person at the box would be:
 at every moment the lock is free, no process of the run (those carrying its REGATE_RUN token) may be
-alive, and the lock must come free once they are gone. Then `orchestrator runs` shows the row LOST,
-not RUNNING, once its heartbeat is past `stale_s`.
+alive, and the lock must come free once they are gone, with the run's unpacked tree and its suite's
+temp dir removed (the keeper's). Then `orchestrator runs` shows the row LOST, not RUNNING, once its
+heartbeat is past `stale_s`.
 """
 from __future__ import annotations
 
@@ -77,6 +78,10 @@ def test_kill_9_of_the_driver_keeps_the_lock_until_the_run_is_reaped(tmp_path):
         suite_pid, sleeper = _wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2
                                        and list(map(int, pids.read_text().split())), 240, "the suite to start")
         token = psutil.Process(suite_pid).environ()[TOKEN_ENV]
+        junit = next(a for a in psutil.Process(suite_pid).cmdline() if a.startswith("--junitxml="))
+        suite_tmp = Path(junit.split("=", 1)[1]).parent
+        (work,) = (tmp_path / "work").iterdir()
+        assert work.name.startswith("regate-") and suite_tmp.parent == work, (work, suite_tmp)
         assert not lock_free(lock), "the gate holds the box lock during its suite"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -89,6 +94,7 @@ def test_kill_9_of_the_driver_keeps_the_lock_until_the_run_is_reaped(tmp_path):
                 break
             time.sleep(0.1)
         assert samples[-1][1], f"the lock never came free after the run died: {samples[-3:]}"
+        assert not work.exists() and not suite_tmp.exists(), "a killed run left its temp trees behind"
         assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
         time.sleep(STALE_S + 1)
         out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "runs", "--json", "--config", str(config)],

@@ -99,10 +99,10 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
         raise JobError(f"md5 mismatch: the driver archived {spec.md5_head}, the box received {md5_box}; "
                        "refusing to gate bytes that are not the head's")
     work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
-    tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled)
+    tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled, scratch=work)
     try:
+        tree.start_keeper()  # first: from here a killed job's tree and temp dirs are the keeper's to remove
         unpack(tarball, tree.root)
-        tree.start_keeper()
         emit({"event": "step", "step": "build", "status": "start"})
         b = build(tree, spec.box.required_markers, spec.build_timeout_s)
         parts["build"], parts["timings"]["build_s"] = b, b["duration_s"]

@@ -1,6 +1,6 @@
 """The keeper: holds the box lock until no process of a run is alive, even when the job that took it dies.
 
-`python keeper.py FD TOKEN`, started by `tree.Tree.start_keeper` and run by path: it imports nothing
+`python keeper.py FD TOKEN [SCRATCH]`, started by `tree.Tree.start_keeper` and run by path: it imports nothing
 of regate, only the standard library and psutil. It detaches first (fork, then a new session), since a
 box worker is killed together with its direct children (Ray does that when the driver dies) and the
 keeper must outlive exactly that. Then it serves the job over the socket FD:
@@ -9,11 +9,13 @@ keeper must outlive exactly that. Then it serves the job over the socket FD:
   file, so the lock stays held while the keeper lives, whoever else closed it.
 - `reap`: kill every process carrying REGATE_RUN=TOKEN and answer once none is alive (the job asks
   before it unlocks, so a process that escaped its group cannot outlive the lock either).
-- end of file (the job finished, or died): the same reaping, then exit, which drops the lock.
+- end of file (the job finished, or died): the same reaping, then the run's scratch directory (its
+  unpacked tree and every temp dir of the run) is removed, then exit, which drops the lock.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -48,7 +50,7 @@ def reap(token: str) -> None:
         time.sleep(POLL_S)
 
 
-def serve(sock: socket.socket, token: str) -> None:
+def serve(sock: socket.socket, token: str, scratch: str | None = None) -> None:
     held = []  # the lock's descriptors: closed only when this process exits
     sock.sendall(b"ready\n")
     while True:
@@ -60,15 +62,17 @@ def serve(sock: socket.socket, token: str) -> None:
             reap(token)
         sock.sendall(b"ok\n")
     reap(token)
+    if scratch:  # nothing of the run is alive to write there any more
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str]) -> None:
-    fd, token = int(argv[0]), argv[1]
+    fd, token, scratch = int(argv[0]), argv[1], (argv[2] if len(argv) > 2 else None)
     if os.fork():  # the parent returns at once to the job, which waits for it; the child lives on
         os._exit(0)
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the driver's terminal is not for the keeper
-    serve(socket.socket(fileno=fd), token)
+    serve(socket.socket(fileno=fd), token, scratch)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -91,7 +90,7 @@ def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
 
 def run_suite_copy(root: Tree, suite: Suite, select: tuple[str, ...], mutate: Pin | None) -> dict:
     """Copy `root` into a fresh temp dir, apply `mutate` (if any), run the suite there, clean up."""
-    with tempfile.TemporaryDirectory(prefix="regate-mutate-") as tmp:
+    with root.tempdir("regate-mutate-") as tmp:
         tree = Path(tmp) / "tree"
         shutil.copytree(root.root, tree, ignore=_IGNORE, symlinks=True)
         if mutate is not None:

@@ -8,7 +8,6 @@ A suite that needs CUDA on a box without a GPU is not run, and the record says s
 from __future__ import annotations
 
 import json
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ def run_census(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict
                on_start: Callable[[int], None] | None = None) -> SuiteRun:
     """Run the suite (or `select` within it) in `tree`; the JUnit XML and census record go to a temp
     dir, so nothing is written into the tree."""
-    with tempfile.TemporaryDirectory(prefix=f"suite-{suite.name}-") as tmp:
+    with tree.tempdir(f"suite-{suite.name}-") as tmp:
         junit, census_out = Path(tmp) / "junit.xml", Path(tmp) / "census.json"
         res = tree.run(pytest_cmd(tree, suite, junit, select), suite.timeout_s, on_start=on_start,
                        env={**(env or {}), ENV_OUT: str(census_out)})

@@ -10,7 +10,9 @@ head's OWN engine (`checkpoint`) are here too, so no caller writes a subprocess 
 What a dead job leaves behind is the keeper's (`keeper.py`): a detached process that holds the box
 lock's file while any process carrying this run's token is alive. A box worker killed mid-suite (its
 driver SIGKILLed, Ray tearing the worker down with its direct children) therefore cannot free the lock
-while a suite, or anything the suite started, still runs.
+while a suite, or anything the suite started, still runs. Then the keeper removes the run's scratch
+directory (`scratch`: the unpacked tree and every temp dir of the run, made by `tempdir`), so a
+killed job leaves no tree behind either.
 """
 from __future__ import annotations
 
@@ -62,15 +64,21 @@ class Tree:
     """One head's unpacked tree on a box; `token` marks every process started from it."""
 
     def __init__(self, root: Path, token: str | None = None, cancelled: Cancelled = lambda: False,
-                 python: str = sys.executable):
+                 python: str = sys.executable, scratch: Path | None = None):
         self.root, self.token, self.cancelled, self.python = Path(root), token or new_token(), cancelled, python
+        self.scratch = scratch  # the run's own directory: its temp dirs go here; the keeper removes it
         self._keeper: socket.socket | None = None
 
     def at(self, root: Path) -> "Tree":
-        """The same run in another tree (a mutation's copy): same token, same cancel, same keeper."""
-        other = Tree(root, self.token, self.cancelled, self.python)
+        """The same run in another tree (a mutation's copy): same token, cancel, scratch and keeper."""
+        other = Tree(root, self.token, self.cancelled, self.python, self.scratch)
         other._keeper = self._keeper
         return other
+
+    def tempdir(self, prefix: str) -> tempfile.TemporaryDirectory:
+        """A temp dir of the run, inside its scratch directory: removed on exit, or by the keeper if the
+        job dies first."""
+        return tempfile.TemporaryDirectory(prefix=prefix, dir=self.scratch)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment every process of the head runs in: its own tree first on the import path."""
@@ -141,7 +149,10 @@ class Tree:
     def start_keeper(self) -> None:
         mine, theirs = socket.socketpair()
         with theirs:
-            subprocess.run([self.python, str(KEEPER), str(theirs.fileno()), self.token], pass_fds=(theirs.fileno(),),
+            argv = [self.python, str(KEEPER), str(theirs.fileno()), self.token]
+            if self.scratch is not None:
+                argv.append(str(self.scratch))
+            subprocess.run(argv, pass_fds=(theirs.fileno(),),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True, check=True, timeout=KEEPER_READY_S)
         mine.settimeout(KEEPER_READY_S)

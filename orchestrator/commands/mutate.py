@@ -11,6 +11,7 @@ pin is rewritten); 2 on usage or provenance errors.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ import typer
 
 from gates.manifest import ManifestError
 from orchestrator.box.mutate import STALE, SURVIVED, run_pins
+from orchestrator.box.tree import Tree
 from gates.pins import PinError
 from orchestrator.driver.provenance import ProvenanceError, archive, unpack
 
@@ -33,9 +35,16 @@ def mutate(head: str, repo: str | Path = ".", pins: list[str] | None = None,
     """Archive `head` of `repo` into a temp tree and run the pins there; returns
     {head: {rev, sha, repo}, mutations: [run_pins dicts]}."""
     arc = archive(repo, head)
-    with tempfile.TemporaryDirectory(prefix="regate-head-") as tmp:
-        tree = unpack(arc.tarball, Path(tmp) / "tree")
-        results = run_pins(tree, pins, python=python, progress=progress)
+    work = Path(tempfile.mkdtemp(prefix="regate-head-"))
+    tree = Tree(work / "tree", python=python, scratch=work)
+    try:
+        tree.start_keeper()  # a killed `orchestrator mutate` leaves no suite running and no tree behind
+        unpack(arc.tarball, tree.root)
+        results = run_pins(tree, pins, progress=progress)
+    finally:
+        tree.reap()
+        tree.stop_keeper()
+        shutil.rmtree(work, ignore_errors=True)
     return {"head": {"rev": head, "sha": arc.sha, "repo": arc.repo}, "mutations": results}
 
 
