@@ -54,7 +54,8 @@ _RUN_API = re.compile(r"^/api/runs/([A-Za-z0-9._-]+)$")
 
 
 class HttpError(Exception):
-    """A request the API refuses; the status is 4xx and the message says what was wrong."""
+    """A request the API refuses; the status is 4xx (503: its archive step outlasted INTAKE_WAIT_S) and the
+    message says what was wrong."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
