@@ -24,19 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 2
-FINAL = ("PASSED", "FAILED", "ERROR", "LOST")
 
 
 class RecordError(ValueError):
     """A stored or given run record that is not one; the message names the field."""
 
 
-def _key(json: str | None = None, omit_none: bool = False, **kw):
-    """A field whose JSON key is `json` (default: its name); `omit_none`: absent from the JSON when None."""
-    return field(metadata={"json": json, "omit_none": omit_none}, **kw)
-
-
-_OPT = {"default": None, "metadata": {"json": None, "omit_none": True}}
+def _opt(json_key: str | None = None, omit_none: bool = False):
+    """An optional field (default None) whose JSON key is `json_key` (default: its name);
+    `omit_none`: absent from the JSON while None, as the dict-building code wrote it."""
+    return field(default=None, metadata={"json": json_key, "omit_none": omit_none})
 
 
 @dataclass(kw_only=True)
@@ -66,12 +63,12 @@ class Box(Part):
     node_id: str | None = None
     gpu: str | None = None  # the GPU model(s), "NVIDIA H200"; None on a box without one
     backend: str | None = None  # "cuda" | "cpu"
-    labels: dict | None = field(**_OPT)  # the Ray node's labels
+    labels: dict | None = _opt(omit_none=True)  # the Ray node's labels
 
 
 @dataclass(kw_only=True)
 class Provenance(Part):
-    md5_driver: str | None = _key(json="md5_head", default=None)  # md5 of the archive on the driver
+    md5_driver: str | None = _opt(json_key="md5_head")  # md5 of the archive on the driver
     md5_box: str | None = None  # md5 of the bytes the box received
     archive_bytes: int | None = None
 
@@ -95,7 +92,7 @@ class Build(Part):
     required: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     duration_s: float | None = None
-    output_tail: str | None = field(**_OPT)
+    output_tail: str | None = _opt(omit_none=True)
 
 
 @dataclass(kw_only=True)
@@ -145,9 +142,9 @@ class Suite(Part):
     sacred_modified: bool = False
     tallies: dict = field(default_factory=dict)  # {name: {count, of}}
     notes: list[str] = field(default_factory=list)
-    why: str | None = field(**_OPT)  # why it did not run (NOT_RUN)
-    pid: int | None = field(**_OPT)
-    output_tail: str | None = field(**_OPT)
+    why: str | None = _opt(omit_none=True)  # why it did not run (NOT_RUN)
+    pid: int | None = _opt(omit_none=True)
+    output_tail: str | None = _opt(omit_none=True)
 
 
 @dataclass(kw_only=True)
@@ -157,8 +154,8 @@ class Mutation(Part):
     suite: str | None = None
     failures: int | None = None
     expected_min: int | None = None
-    detail: str | None = field(**_OPT)
-    duration_s: float | None = field(**_OPT)
+    detail: str | None = _opt(omit_none=True)
+    duration_s: float | None = _opt(omit_none=True)
 
 
 @dataclass(kw_only=True)
@@ -218,7 +215,7 @@ class Record(Part):
     residency: list | None = None  # `engine info` residency + {backend, arm, model, checkpoint, memory}, per arm
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
-    interrupted: Interrupted | None = field(**_OPT)  # the service stopped under the job
+    interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
     timings: dict = field(default_factory=dict)  # {archive_s, transfer_s, build_s, lock_wait_s, ..., total_s}
     report_path: str | None = None
 
