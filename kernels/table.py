@@ -3,7 +3,7 @@ fast path at every M) and `TRITON` (the Triton kernels on the checkpoint layout)
 the one lookup `config_for(m, table)`, and the Triton kernels' K-block and split-K rules.
 
 Tuned once, offline, on the H200 (`python -m kernels.tune.bench --sweep` / `--tile-sweep`, see
-docs/KERNEL-NOTES.md) and fixed here: the launchers never autotune at call time, so start-up is
+docs/lab/2026-11-30_2026-12-03-kernel-notes.md) and fixed here: the launchers never autotune at call time, so start-up is
 deterministic and every call is CUDA-graph safe. No Triton here.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class KernelConfig:
 
 # (largest M the row serves, config), ascending; the last row serves every larger M.
 # From `scripts/device_kernels.sh tune` on the H200, 2026-11-30 (lm_head 248320 x 5120; the fastest
-# of 22/12/12/15 candidates at M = 1/16/64/256; docs/KERNEL-NOTES.md has the runners-up).
+# of 22/12/12/15 candidates at M = 1/16/64/256; docs/lab/2026-11-30_2026-12-03-kernel-notes.md has the runners-up).
 TRITON: tuple[tuple[int, KernelConfig], ...] = (
     (1, KernelConfig("gemv", 1, 32, 512, 4)),  # 0.269 ms (the best MMA config: 0.407 ms)
     (16, KernelConfig("mma", 16, 64, 256, 4, 3)),  # 0.402 ms at M=16
@@ -109,7 +109,7 @@ Config = TileConfig | WgmmaConfig
 
 # (largest M the row serves, config), ascending; the last row serves every larger M (M blocks).
 # From `scripts/device_kernels.sh tilesweep` on the H200, 2026-12-01 11:40 UTC (lm_head 248320 x 5120:
-# every built config beside the incumbent; docs/KERNEL-NOTES.md has the runners-up). The M <= 8 row
+# every built config beside the incumbent; docs/lab/2026-11-30_2026-12-03-kernel-notes.md has the runners-up). The M <= 8 row
 # from the 2026-12-02 01:4x UTC sweep at M 8 and 12 (head shape): M=8 mma.sync 0.195 ms against the
 # wgmma row's 0.214; at M=12 the wgmma row stays (0.231; its best rival, bm16 wg2 rb1, 0.229).
 TILE: tuple[tuple[int, Config], ...] = (

@@ -2,7 +2,7 @@
 
 Two kernels read the same repacked operand (kernels/tile_layout.py): csrc/nvfp4_tile_gemm.cu
 (`mma.sync`, a TileConfig) and csrc/nvfp4_wgmma_gemm.cu (Hopper `wgmma`, a WgmmaConfig); the table
-picks one per M. Built, checked and measured slower, so removed (docs/KERNEL-NOTES.md): a
+picks one per M. Built, checked and measured slower, so removed (docs/lab/2026-11-30_2026-12-03-kernel-notes.md): a
 warp-specialized wgmma kernel, weights streamed into shared memory by a producer warp (commit ef353bc),
 one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784), an mma.sync kernel with
 a register ring of weights (f40e3dc) and wgmma clusters sharing x by multicast (9d8c17e).

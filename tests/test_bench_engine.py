@@ -29,6 +29,24 @@ def test_bench_prints_one_json_line_with_the_schema():
     assert r["bytes_per_decode_step"] == eng.residency()["totals"]["bytes_per_decode_step"]
     assert {"host", "gpu", "driver", "torch", "triton", "head_sha", "tree_dirty"} <= set(r["meta"])
     assert r["params"]["lm_head"] == "packed" and r["params"]["batch"] == 2
+    f = r["floor"]
+    assert f["weight_bytes"] == r["bytes_per_decode_step"] and f["box_read_gb_s"] > 0
+    assert f["total_bytes"] == f["weight_bytes"] + f["state_bytes"] + f["kv_bytes"]
+    assert abs(f["share_of_floor"] - f["floor_ms"] / r["ms_per_step"]) < 1e-12
+
+
+def test_the_decode_floor_counts_state_once_each_way_and_the_live_kv_once():
+    from engine.floor import decode_floor_bytes
+    from engine.model.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(json.loads((tiny() / "config.json").read_text()))
+    # tiny: 3 Gated DeltaNet layers (Hv 4, Dk = Dv = 32, conv_dim 256, kernel 4), 1 attention layer (Hkv 2, D 32)
+    f = decode_floor_bytes(cfg, batch=2, prompt_len=10, gen_len=5, weight_bytes=1000, act_bytes=2)
+    state = 2 * 3 * 2 * (4 * 32 * 32 * 4 + 256 * 3 * 2)
+    mean_context = 10 + (4 + 1) / 2  # decode steps 1..4 attend over 11..14 tokens
+    kv = 2 * 1 * (2 * 2 * 32 * 2) * (mean_context + 1)
+    assert f == {"weight_bytes": 1000, "state_bytes": state, "kv_bytes": round(kv), "total_bytes": 1000 + state + round(kv),
+                 "mean_context": mean_context}
 
 
 def test_bench_refuses_a_run_without_decode_steps():

@@ -1,7 +1,6 @@
 """Orchestrator pieces without Ray: config, provenance, ledger, lock, idle, build markers, suites."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys

@@ -72,8 +72,10 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
               warmup: int, seed: int) -> dict:
     import torch
 
+    from engine.attribution.traffic import read_bandwidth
     from engine.backends import fp4_gemm_status
     from engine.engine import Engine
+    from engine.floor import decode_floor_bytes
     from engine.linear import head_on_fp4_gemm
     from engine.memory import memory_snapshot
 
@@ -99,12 +101,18 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     tok_s = [r["decode_tokens"] / r["decode_s"] for r in runs]
     ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
     step_bytes = eng.residency()["totals"]["bytes_per_decode_step"]
+    floor = decode_floor_bytes(eng.model.config, batch, prompt_len, gen_len, step_bytes, eng.model.dtype.itemsize)
+    bandwidth = read_bandwidth(eng.device)
+    floor["box_read_gb_s"] = bandwidth["gb_s"]
+    floor["floor_ms"] = floor["total_bytes"] / bandwidth["gb_s"] / 1e6
+    floor["share_of_floor"] = floor["floor_ms"] / ms_step
     mem = memory_snapshot(eng.device)
     return {
         "schema_version": SCHEMA_VERSION, "decode_tok_s": statistics.median(tok_s), "decode_tok_s_iters": tok_s,
         "ms_per_step": ms_step, "prefill_ms": statistics.median(1000 * r["prefill_s"] for r in runs),
         "peak_rss_bytes": mem["peak_rss_bytes"], "peak_device_bytes": mem["peak_device_bytes"],
         "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
+        "floor": floor,
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
@@ -124,6 +132,10 @@ def print_table(r: dict, out) -> None:
           file=out)
     print(f"  {r['bytes_per_decode_step'] / 2**20:.2f} MiB/step -> {r['achieved_gb_s']:.2f} GB/s  peak RSS "
           f"{r['peak_rss_bytes'] / 2**30:.3f} GiB  peak device {r['peak_device_bytes'] / 2**30:.3f} GiB", file=out)
+    f = r["floor"]
+    print(f"  floor {f['total_bytes'] / 2**20:.2f} MiB/step (weights {f['weight_bytes'] / 2**20:.2f}, state "
+          f"{f['state_bytes'] / 2**20:.2f}, KV {f['kv_bytes'] / 2**20:.2f}) at {f['box_read_gb_s']:.1f} GB/s read "
+          f"(measured here) = {f['floor_ms']:.4f} ms: {100 * f['share_of_floor']:.1f}% of it achieved", file=out)
 
 
 def bench_cmd(

@@ -2,7 +2,7 @@
 // steps of RB row blocks, each step's A registers decoded and scaled from one word of the lane's
 // uint4, multiplied with x's chunk (B, shared memory, descriptor `desc`) into acc: one fence and
 // one commit group per step, kInFlight groups left in flight.
-// Measured on the H200 and not kept (docs/KERNEL-NOTES.md): two accumulator chains alternating by
+// Measured on the H200 and not kept (docs/lab/2026-11-30_2026-12-03-kernel-notes.md): two accumulator chains alternating by
 // step, and one fence + commit group per chunk (all 4 steps decoded first).
 #pragma once
 #include <cstdint>

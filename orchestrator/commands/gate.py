@@ -21,8 +21,8 @@ from orchestrator.config import ConfigError, load_config
 from orchestrator.driver.gate import exit_code, run_gate
 from orchestrator.box.idle import gpus
 from orchestrator.driver.provenance import ProvenanceError
+from orchestrator.driver.grid_check import RequestError
 from orchestrator.record import SCHEMA_VERSION, Record
-from orchestrator.service.queue import QueueError
 
 HOOKS_ENV = "REGATE_TEST_HOOKS"  # comma-separated job test hooks (tests inject an md5 mismatch this way)
 
@@ -130,7 +130,7 @@ def gate(
         cfg = load_config(config, gpus=len(gpus()))
         record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
                           accept_gate_change)
-    except (ConfigError, ProvenanceError, ManifestError, QueueError) as e:
+    except (ConfigError, ProvenanceError, ManifestError, RequestError) as e:
         printer.stop()
         err.print(f"error: {e}", highlight=False, markup=False)
         if as_json:

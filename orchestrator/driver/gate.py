@@ -19,6 +19,7 @@ from gates.sacred import trusted_root as sacred_trusted_root
 from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.box.job import JobSpec
+from orchestrator.driver.grid_check import check_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 
 from orchestrator.driver.provenance import Archive, archive, read_member
@@ -75,7 +76,6 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     box_cfg = config.box(box)
     arch = archive(repo, rev)
     if grid is not None:  # the API's check: a spec the head has and that parses, before any suite
-        from orchestrator.service.queue import check_grid  # the queue imports this module
         grid = check_grid(arch, grid)
     archive_s = time.monotonic() - t0
     progress({"event": "step", "step": "archive", "status": "done",

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grids.spec import SpecError, parse_spec_text, repo_relative
 from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.driver.gate import idempotency_key, new_record
-from orchestrator.driver.provenance import Archive, archive, read_member
+from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
+from orchestrator.driver.provenance import archive
 from orchestrator.record import Interrupted, Record
 
 SCHEMA = """
@@ -43,8 +43,7 @@ CREATE TABLE IF NOT EXISTS service_jobs (
 _ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
 
 
-class QueueError(ValueError):
-    """A gate that cannot be queued as asked (a grid spec the head does not have)."""
+QueueError = RequestError  # a gate that cannot be queued as asked (a grid spec the head does not have)
 
 
 @dataclass(frozen=True)
@@ -87,27 +86,6 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
                          (record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source, db.utc_now()))
         db.insert_queued(conn, record, key)
     return record, True
-
-
-def check_grid(arch: Archive, grid: str) -> str:
-    """The grid spec as the box will name it (relative to the repository root), after checking the head
-    has it and it parses (types, bounds: grids.spec); QueueError otherwise, before anything runs.
-    The API's queueing and the CLI's `gate --grid` both call it."""
-    try:
-        grid = repo_relative(grid, arch.repo)
-    except SpecError as e:
-        raise QueueError(str(e)) from None
-    # The same places the box looks (`grid_job.spec_path`), read from the archive without unpacking.
-    candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
-    for c in candidates:
-        text = read_member(arch.tarball, c)
-        if text is not None:
-            try:
-                parse_spec_text(text, f"{c} at {arch.sha[:12]}")
-            except SpecError as e:
-                raise QueueError(str(e)) from None  # names the spec, the head and the key
-            return grid
-    raise QueueError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
 
 
 def _pending(conn: sqlite3.Connection, key: str) -> Record | None:

@@ -1,0 +1,28 @@
+"""The memory floor of a decode step: every byte one step cannot avoid moving, per the engine's own
+shapes, and so the least time the step can take at the box's read bandwidth.
+
+- weights: the residency table's `bytes_per_decode_step` (each weight read once per step);
+- Gated DeltaNet state, per sequence and linear-attention layer: the FP32 recurrent state
+  [Hv, Dk, Dv] read once and written once, the conv window [conv_dim, K - 1] read once and written once;
+- KV cache, per sequence and full-attention layer: the live tokens' K and V read once, this token's
+  K and V written once.
+Over a bench's decode steps the context grows, so the KV term is the mean over those steps: decode
+step j (1 .. gen_len - 1) attends over prompt_len + j tokens.
+"""
+from __future__ import annotations
+
+from engine.model.config import ModelConfig
+
+
+def decode_floor_bytes(cfg: ModelConfig, batch: int, prompt_len: int, gen_len: int, weight_bytes: int,
+                       act_bytes: int) -> dict:
+    """Bytes per decode step, by kind; `act_bytes` is the activation/cache dtype's size (BF16: 2)."""
+    steps = gen_len - 1
+    recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv = cfg.linear_conv_dim * (cfg.linear_conv_kernel_dim - 1) * act_bytes
+    state = batch * len(cfg.linear_layers) * 2 * (recurrent + conv)
+    mean_context = prompt_len + (steps + 1) / 2
+    kv_token = 2 * cfg.num_key_value_heads * cfg.head_dim * act_bytes  # K and V of one token, one layer
+    kv = batch * len(cfg.full_layers) * kv_token * (mean_context + 1)  # the live tokens read, this one written
+    return {"weight_bytes": int(weight_bytes), "state_bytes": int(state), "kv_bytes": round(kv),
+            "total_bytes": int(weight_bytes) + int(state) + round(kv), "mean_context": mean_context}

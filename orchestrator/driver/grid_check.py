@@ -1,0 +1,31 @@
+"""The grid a gate asks for, checked on the driver before anything runs: the CLI's `gate --grid`
+and the service's queue both call `check_grid`."""
+from __future__ import annotations
+
+from grids.spec import SpecError, parse_spec_text, repo_relative
+from orchestrator.driver.provenance import Archive, read_member
+
+
+class RequestError(ValueError):
+    """A gate request refused before anything runs (a grid spec the head does not have or that does not parse)."""
+
+
+def check_grid(arch: Archive, grid: str) -> str:
+    """The grid spec as the box will name it (relative to the repository root), after checking the head
+    has it and it parses (types, bounds: grids.spec); QueueError otherwise, before anything runs.
+    The API's queueing and the CLI's `gate --grid` both call it."""
+    try:
+        grid = repo_relative(grid, arch.repo)
+    except SpecError as e:
+        raise RequestError(str(e)) from None
+    # The same places the box looks (`grid_job.spec_path`), read from the archive without unpacking.
+    candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
+    for c in candidates:
+        text = read_member(arch.tarball, c)
+        if text is not None:
+            try:
+                parse_spec_text(text, f"{c} at {arch.sha[:12]}")
+            except SpecError as e:
+                raise RequestError(str(e)) from None  # names the spec, the head and the key
+            return grid
+    raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
