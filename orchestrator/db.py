@@ -1,4 +1,5 @@
-"""The job ledger: one SQLite (WAL) row per gate run, the run record of DESIGN.md stored whole as JSON.
+"""The job ledger: one SQLite (WAL) row per gate run, the run record (`orchestrator/record.py`) stored
+whole as its JSON; every record read back goes through `Record.from_json` (which migrates old ones).
 
 States: QUEUED -> RUNNING (box, Ray task id, heartbeat) -> PASSED | FAILED | ERROR | LOST. Only the driver
 writes here; a box never touches the database. A result lands in one transaction together with the
@@ -13,6 +14,8 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+
+from orchestrator.record import Record
 
 STATES = ("QUEUED", "RUNNING", "PASSED", "FAILED", "ERROR", "LOST")
 FINAL = ("PASSED", "FAILED", "ERROR", "LOST")
@@ -86,21 +89,29 @@ def transaction(conn: sqlite3.Connection):
     conn.execute("COMMIT")
 
 
-def insert_queued(conn: sqlite3.Connection, record: dict, idem_key: str) -> None:
-    record["state"] = "QUEUED"
+def dump(record: Record) -> str:
+    return json.dumps(record.to_json())
+
+
+def load(blob: str) -> Record:
+    return Record.from_json(json.loads(blob))
+
+
+def insert_queued(conn: sqlite3.Connection, record: Record, idem_key: str) -> None:
+    record.state = "QUEUED"
     with transaction(conn):
         conn.execute(
             "INSERT INTO runs (run_id, idem_key, sha, box, state, heartbeat, created_at, record)"
             " VALUES (?, ?, ?, ?, 'QUEUED', ?, ?, ?)",
-            (record["run_id"], idem_key, record["head"]["sha"], record["box"]["name"], time.time(),
-             record["created_at"], json.dumps(record)))
+            (record.run_id, idem_key, record.head.sha, record.box.name, time.time(), record.created_at,
+             dump(record)))
 
 
-def mark_running(conn: sqlite3.Connection, record: dict, task_id: str) -> None:
-    record["state"] = "RUNNING"
+def mark_running(conn: sqlite3.Connection, record: Record, task_id: str) -> None:
+    record.state = "RUNNING"
     with transaction(conn):
         conn.execute("UPDATE runs SET state='RUNNING', task_id=?, heartbeat=?, record=? WHERE run_id=?",
-                     (task_id, time.time(), json.dumps(record), record["run_id"]))
+                     (task_id, time.time(), dump(record), record.run_id))
 
 
 def beat(conn: sqlite3.Connection, run_id: str) -> None:
@@ -109,15 +120,21 @@ def beat(conn: sqlite3.Connection, run_id: str) -> None:
                      (time.time(), run_id))
 
 
-def finish(conn: sqlite3.Connection, record: dict, sync=None) -> None:
+def finish(conn: sqlite3.Connection, record: Record, sync=None) -> None:
     """Store the final record and, in the same transaction, `sync(conn, record)` (the owed ledger)."""
-    if record["state"] not in FINAL:
-        raise ValueError(f"run {record['run_id']}: finish() needs a final state, found {record['state']!r}")
+    if record.state not in FINAL:
+        raise ValueError(f"run {record.run_id}: finish() needs a final state, found {record.state!r}")
     with transaction(conn):
-        conn.execute("UPDATE runs SET state=?, finished_at=?, record=? WHERE run_id=?",
-                     (record["state"], record["finished_at"], json.dumps(record), record["run_id"]))
+        store(conn, record)
         if sync is not None:
             sync(conn, record)
+
+
+def store(conn: sqlite3.Connection, record: Record) -> None:
+    """Write the record and its state columns as they are now."""
+    with transaction(conn):
+        conn.execute("UPDATE runs SET state=?, finished_at=?, record=? WHERE run_id=?",
+                     (record.state, record.finished_at, dump(record), record.run_id))
 
 
 def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
@@ -128,22 +145,21 @@ def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
         rows = conn.execute("SELECT run_id, record FROM runs WHERE state IN ('QUEUED', 'RUNNING')"
                             " AND heartbeat < ?", (cutoff,)).fetchall()
         for run_id, blob in rows:
-            rec = json.loads(blob)
-            rec.update(state="LOST", finished_at=utc_now(),
-                       error=f"no heartbeat from the driver for over {stale_s:.0f} s: the driver died mid-run")
-            conn.execute("UPDATE runs SET state='LOST', finished_at=?, record=? WHERE run_id=?",
-                         (rec["finished_at"], json.dumps(rec), run_id))
+            rec = load(blob)
+            rec.state, rec.finished_at = "LOST", utc_now()
+            rec.error = f"no heartbeat from the driver for over {stale_s:.0f} s: the driver died mid-run"
+            store(conn, rec)
             lost.append(run_id)
     return lost
 
 
-def find_reusable(conn: sqlite3.Connection, idem_key: str) -> dict | None:
+def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
     row = conn.execute("SELECT record FROM runs WHERE idem_key=? AND state IN ('PASSED', 'FAILED')"
                        " ORDER BY created_at DESC, run_id DESC LIMIT 1", (idem_key,)).fetchone()
-    return json.loads(row[0]) if row else None
+    return load(row[0]) if row else None
 
 
-def get(conn: sqlite3.Connection, run_id: str) -> dict:
+def get(conn: sqlite3.Connection, run_id: str) -> Record:
     """The record of `run_id` (a unique prefix is enough); KeyError naming what matched."""
     if not run_id:
         raise KeyError("no run ''")
@@ -152,16 +168,16 @@ def get(conn: sqlite3.Connection, run_id: str) -> dict:
                         (len(run_id), run_id)).fetchall()
     exact = [r for r in rows if r[0] == run_id]
     if exact or len(rows) == 1:
-        return json.loads((exact or rows)[0][1])
+        return load((exact or rows)[0][1])
     if not rows:
         raise KeyError(f"no run {run_id!r}")
     raise KeyError(f"{run_id!r} is ambiguous: {', '.join(r[0] for r in rows[:5])}")
 
 
-def list_runs(conn: sqlite3.Connection, limit: int = 50) -> list[dict]:
+def list_runs(conn: sqlite3.Connection, limit: int = 50) -> list[Record]:
     rows = conn.execute("SELECT record FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?",
                         (limit,)).fetchall()
-    return [json.loads(r[0]) for r in rows]
+    return [load(r[0]) for r in rows]
 
 
 def state_of(conn: sqlite3.Connection, run_id: str) -> str | None:

@@ -16,11 +16,11 @@ when one is open (`db.finish` syncs inside its own), else run in one of their ow
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 from datetime import datetime, timezone
 
-from orchestrator.db import transaction
+from orchestrator.db import load, transaction
+from orchestrator.record import Record, RecordError
 from orchestrator.report.claims import ANY_GPU, claims, gate_claims, where_measured
 
 WHATS = ("magnitude", "direction", "gate")
@@ -83,7 +83,7 @@ def _migrate_where(conn: sqlite3.Connection) -> None:
         return
     rows = conn.execute("SELECT owed.id, runs.record FROM owed JOIN runs ON runs.run_id = owed.opened_by").fetchall()
     for item_id, blob in rows:
-        backend, gpu = where_measured(json.loads(blob), None)
+        backend, gpu = where_measured(load(blob), None)
         conn.execute("UPDATE owed SET backend=?, gpu=? WHERE id=?", (backend, gpu, item_id))
 
 
@@ -125,10 +125,14 @@ def _settle(conn, claim: dict, head: str, run_id: str) -> list[int]:
     return [r["id"] for r in rows]
 
 
-def sync_from_record(conn: sqlite3.Connection, record: dict) -> dict[str, list[int]]:
+def sync_from_record(conn: sqlite3.Connection, record: Record | dict) -> dict[str, list[int]]:
     """Open rows for what the record leaves owed; settle open rows it establishes on a matching box.
-    Idempotent."""
-    head, run_id = (record.get("head") or {}).get("sha"), record.get("run_id")
+    Idempotent. A stored JSON dict is read through `Record.from_json` first."""
+    try:
+        record = Record.of(record)
+    except RecordError as e:
+        raise OwedError(str(e)) from None
+    head, run_id = record.head.sha, record.run_id
     if not head or not run_id:
         raise OwedError(f"run record {run_id or '?'}: head.sha and run_id are required to sync the owed ledger")
     out: dict[str, list[int]] = {"opened": [], "refreshed": [], "settled": []}
@@ -143,7 +147,7 @@ def sync_from_record(conn: sqlite3.Connection, record: dict) -> dict[str, list[i
     return out
 
 
-def _claims(record: dict) -> list[tuple[list[dict], list[dict]]]:
+def _claims(record: Record) -> list[tuple[list[dict], list[dict]]]:
     """(established, owed), each stamped with where it was measured (`claims.claims`), then the
     suites this box ran, which settle a gate owed for them."""
     return [claims(record), (gate_claims(record)[0], [])]

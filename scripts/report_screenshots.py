@@ -99,12 +99,10 @@ def main() -> None:
     if args.cmd == "shot":
         print(shot(args.html, args.out, height=args.height))
         return
-    from orchestrator.report.headline import shown_state
+    from orchestrator.record import Record
     from orchestrator.report.render import render_run
 
-    record = gpu_fixture_record()
-    record["shown_state"] = shown_state(record)
-    html = render_run(record, args.out_dir)
+    html = render_run(Record.from_json(gpu_fixture_record()), args.out_dir)  # a v1 record, migrated
     print(html)
     print(shot(html, args.out_dir / "report-gpu-fixture.png", height=args.height))
 

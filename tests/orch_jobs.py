@@ -1,5 +1,5 @@
 """Helpers for the orchestrator tests that run a box's job without Ray: `job.run_job` on a stub repo's
-archive, then the head's public record steps (`gate.merge_result`, `gate.finish_run`).
+archive, then the driver's public record steps (`Record.merge`, `gate.finish_run`).
 
 Also a stub engine whose `info` and `engine.ckpt_cache` are fast fakes: the checkpoint is a directory
 with a `config.json` naming the head's shape, and `info` reports each weight's residency as the
@@ -15,9 +15,9 @@ from orch_helpers import ENGINE_CLI, FAKE_GRID
 from orchestrator import db
 from orchestrator.config import BoxConfig, Config
 from orchestrator.driver.gate import finish_run, idempotency_key, new_record
-from orchestrator.driver.placement import merge_result
 from orchestrator.box.job import JobSpec, run_job
 from orchestrator.driver.provenance import archive
+from orchestrator.record import BoxResult
 
 FAKE_INFO = '''\
 if __name__ == "__main__" and sys.argv[1:2] == ["info"]:  # a fake info: one head, one tower weight
@@ -69,7 +69,7 @@ def residency_files() -> dict[str, str]:
 
 
 def box_job(repo: Path, tmp_path: Path, grid: str | None = None, trusted: Path | None = None,
-            accept_gate_change: bool = False) -> tuple[dict, list[dict]]:
+            accept_gate_change: bool = False) -> tuple[BoxResult, list[dict]]:
     """Run the box's job on `repo`'s HEAD in this process; (its parts, the events it emitted).
     `trusted`: whose gates.yaml judges the head (default: `repo`'s working tree)."""
     arch = archive(repo, "HEAD")
@@ -83,8 +83,8 @@ def box_job(repo: Path, tmp_path: Path, grid: str | None = None, trusted: Path |
 
 
 def gate_without_ray(repo: Path, tmp_path: Path, **job) -> dict:
-    """The whole gate of `repo`'s HEAD as `run_gate` records it, the box's job run in this process
-    (`job`: `box_job`'s trusted root and acceptance)."""
+    """The whole gate of `repo`'s HEAD as `run_gate` records it (the JSON stored), the box's job run
+    in this process (`job`: `box_job`'s trusted root and acceptance)."""
     t0 = time.monotonic()
     config = Config(boxes=(_box(tmp_path),), db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports")
     arch = archive(repo, "HEAD")
@@ -93,8 +93,9 @@ def gate_without_ray(repo: Path, tmp_path: Path, **job) -> dict:
         record = new_record(arch, "A", db.new_run_id(arch.sha))
         db.insert_queued(conn, record, idempotency_key(arch, None, "A", config.digest(config.boxes[0])))
         parts, _ = box_job(repo, tmp_path, **job)
-        merge_result(record, parts, put_s=0.0)
-        return finish_run(config, conn, record, t0)
+        record.merge(parts, put_s=0.0)
+        finish_run(config, conn, record, t0)
+        return db.get(conn, record.run_id).to_json()
     finally:
         conn.close()
 

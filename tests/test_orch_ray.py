@@ -25,9 +25,14 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator import db  # noqa: E402
 from orchestrator.config import CUDA_MARKER, BoxConfig, Config, Timeouts  # noqa: E402
-from orchestrator.driver.gate import run_gate  # noqa: E402
+from orchestrator.driver import gate as driver_gate  # noqa: E402
 from orchestrator.box.job import HOOK_CORRUPT  # noqa: E402
 from orchestrator.service.queue import QueueError  # noqa: E402
+
+
+def run_gate(*args, **kw) -> dict:
+    """The gate's record as it is stored and served (its JSON)."""
+    return driver_gate.run_gate(*args, **kw).to_json()
 
 
 def _ray_children() -> list[psutil.Process]:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from orch_helpers import PASSING_TEST, REPO_ROOT, commit_all, make_stub_repo, suite  # noqa: E402
 from orch_jobs import box_job, gate_without_ray, residency_files  # noqa: E402
 
+from orchestrator.record import Record  # noqa: E402
 from orchestrator.box import residency as tree_residency  # noqa: E402
 from orchestrator.report.render import render_markdown  # noqa: E402
 from orchestrator.report import residency  # noqa: E402
@@ -57,7 +58,7 @@ def test_gate_record_gets_residency_for_both_arms_and_the_report_renders_it(tmp_
         assert label in page
     assert "512 x 128" in page  # the tiny head's N x K
     # both arms measured on the plain-CPU box, each agreeing with the byte model
-    assert all(m["agrees"] for m in residency.section(rec)["measured"])
+    assert all(m["agrees"] for m in residency.section(Record.from_json(rec))["measured"])
     assert page.split().count("yes") == 4 and "NO" not in page.split()  # 2 arms x (head, tower), all agree
 
 
@@ -68,7 +69,7 @@ def test_the_first_grid_cells_checkpoint_and_the_27b_head_deltas(tmp_path, cache
     assert readings[0]["checkpoint"]["preset"] == "27b" and readings[0]["checkpoint"]["layers"] == 1
     head = next(w for w in readings[0]["weights"] if w["class"] == "head")
     assert (head["n"], head["k"]) == (HEAD_N, HEAD_K)
-    record = {"run_id": "r-27b", "residency": readings}
+    record = Record(run_id="r-27b", state="PASSED", residency=readings)
     rows = {(r["backend"], r["class"]): r for r in residency.model_rows(readings[0]["weights"])}
     assert round(rows[("cuda", "head")]["delta"] / 2**30, 2) == -1.70
     assert round(rows[("cpu", "head")]["delta"] / 2**30, 2) == 0.67
@@ -91,9 +92,9 @@ def test_the_27b_head_in_the_rendered_report(tmp_path, cache):
 def test_an_info_failure_lands_in_not_run_and_never_fails_the_gate(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("STUB_INFO_FAIL", "dequant")
     parts, events = box_job(_stub(tmp_path), tmp_path)
-    assert parts["error"] is None and [s["state"] for s in parts["suites"]] == ["GREEN"]
-    assert [r["arm"] for r in parts["residency"]] == ["packed"]
-    (entry,) = [n for n in parts["not_run"] if n["what"].startswith("residency")]
+    assert parts.error is None and [s.state for s in parts.suites] == ["GREEN"]
+    assert [r["arm"] for r in parts.residency] == ["packed"]
+    (entry,) = [n.to_json() for n in parts.not_run if n.what.startswith("residency")]
     assert entry["what"] == "residency (cpu, dequant arm)" and "cannot load" in entry["why"]
     assert any(e.get("step") == "residency" and e["status"] == "incomplete" for e in events)
 
@@ -133,7 +134,7 @@ def test_this_repos_engine_info_agrees_with_the_report_model(cache):
     assert skipped == [], skipped
     assert [r["arm"] for r in readings] == ["packed", "dequant"]
     assert all(r["fp4_gemm"] is False and r["memory"]["after_load"]["peak_rss_bytes"] > 0 for r in readings)
-    checked = residency.section({"run_id": "real", "residency": readings})["measured"]
+    checked = residency.section(Record(run_id="real", state="PASSED", residency=readings))["measured"]
     pairs = {(a, c) for a in ("packed", "dequant") for c in ("head", "tower")}
     assert {(m["arm"], m["class"]) for m in checked} == pairs
     assert all(m["agrees"] for m in checked), checked

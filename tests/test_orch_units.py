@@ -1,7 +1,6 @@
 """Orchestrator pieces without Ray: config, provenance, ledger, lock, idle, build markers, suites."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ from orchestrator.box.build import markers_in, missing_markers  # noqa: E402
 from orchestrator.config import CUDA_MARKER, ConfigError, load_config, parse_config  # noqa: E402
 from orchestrator.config import BoxConfig, Config  # noqa: E402
 from orchestrator.driver.gate import decide, exit_code, finish_run, new_record  # noqa: E402
-from orchestrator.driver.placement import merge_result  # noqa: E402
+from orchestrator.record import BoxResult, NotRun, Record, Suite  # noqa: E402
 from orchestrator.box.lock import LockTimeout, box_lock  # noqa: E402
 from orchestrator.box.tree import Tree  # noqa: E402
 from orchestrator.driver.provenance import ProvenanceError, archive, md5_of, read_member, resolve, unpack  # noqa: E402
@@ -164,9 +163,9 @@ def test_dirty_tree_is_ambiguous_for_symbolic_revs_only(stub):
 
 # ---- ledger ---------------------------------------------------------------------------------------
 
-def _record(run_id="r1", sha="a" * 40):
-    return {"run_id": run_id, "state": "QUEUED", "head": {"sha": sha}, "box": {"name": "b"},
-            "created_at": db.utc_now(), "finished_at": None, "error": None}
+def _record(run_id="r1", sha="a" * 40) -> Record:
+    return Record.from_json({"run_id": run_id, "state": "QUEUED", "head": {"sha": sha}, "box": {"name": "b"},
+                             "created_at": db.utc_now(), "finished_at": None, "error": None})
 
 
 def test_ledger_state_machine(tmp_path):
@@ -177,10 +176,10 @@ def test_ledger_state_machine(tmp_path):
     assert db.find_reusable(conn, "key1") is None  # only finished runs are reused
     db.mark_running(conn, rec, "task-1")
     assert db.state_of(conn, "r1") == "RUNNING"
-    rec.update(state="PASSED", finished_at=db.utc_now())
+    rec.state, rec.finished_at = "PASSED", db.utc_now()
     db.finish(conn, rec)
-    assert db.find_reusable(conn, "key1")["state"] == "PASSED"
-    assert db.get(conn, "r")["run_id"] == "r1" and [r["run_id"] for r in db.list_runs(conn)] == ["r1"]
+    assert db.find_reusable(conn, "key1").state == "PASSED"
+    assert db.get(conn, "r").run_id == "r1" and [r.run_id for r in db.list_runs(conn)] == ["r1"]
     with pytest.raises(KeyError, match="no run 'zz'"):
         db.get(conn, "zz")
 
@@ -195,25 +194,25 @@ def test_finish_is_one_transaction_with_the_sync(tmp_path):
         c.execute("CREATE TABLE IF NOT EXISTS side (x)")
         c.execute("INSERT INTO side VALUES (1)")
         raise RuntimeError("ledger bug")
-    rec.update(state="FAILED", finished_at=db.utc_now())
+    rec.state, rec.finished_at = "FAILED", db.utc_now()
     with pytest.raises(RuntimeError):
         db.finish(conn, rec, sync=broken_sync)
     assert db.state_of(conn, "r1") == "RUNNING"  # nothing half-written
     assert conn.execute("SELECT name FROM sqlite_master WHERE name='side'").fetchone() is None
     with pytest.raises(ValueError, match="final state"):
-        db.finish(conn, {**rec, "state": "RUNNING"})
+        db.finish(conn, _record())
 
 
 def test_stale_running_rows_become_lost(tmp_path):
     conn = db.connect(tmp_path / "r.db")
     old, fresh = _record("old"), _record("fresh")
     for r in (old, fresh):
-        db.insert_queued(conn, r, r["run_id"])
+        db.insert_queued(conn, r, r.run_id)
         db.mark_running(conn, r, "t")
     conn.execute("UPDATE runs SET heartbeat = heartbeat - 1000 WHERE run_id='old'")
     assert db.mark_stale_lost(conn, stale_s=60) == ["old"]
     assert db.state_of(conn, "old") == "LOST" and db.state_of(conn, "fresh") == "RUNNING"
-    assert "heartbeat" in db.get(conn, "old")["error"]
+    assert "heartbeat" in db.get(conn, "old").error
 
 
 # ---- box lock -------------------------------------------------------------------------------------
@@ -275,29 +274,36 @@ def test_markers_and_required():
 
 
 def test_decide_and_exit_codes():
+    def decided(**parts) -> str:
+        return decide(Record.from_json({"run_id": "r", "state": "RUNNING", **parts}))
     green = {"name": "s", "state": "GREEN"}
-    assert decide({"suites": [green]}) == "PASSED"
-    assert decide({"suites": [green, {"name": "t", "state": "TIMEOUT"}]}) == "FAILED"
-    assert decide({"suites": [green], "mutations": [{"pin": "p", "state": "SURVIVED"}]}) == "FAILED"
-    assert decide({"suites": [green], "sacred": {"ok": False}}) == "FAILED"
-    assert decide({"suites": [green], "error": "md5 mismatch"}) == "ERROR"
-    rec = {"suites": [{"name": "s", "state": "NOT_RUN"}]}
-    assert decide(rec) == "ERROR" and "no gate suite ran" in rec["error"]
+    assert decided(suites=[green]) == "PASSED"
+    assert decided(suites=[green, {"name": "t", "state": "TIMEOUT"}]) == "FAILED"
+    assert decided(suites=[green], mutations=[{"pin": "p", "state": "SURVIVED"}]) == "FAILED"
+    assert decided(suites=[green], mutations=[{"pin": "p", "state": "STALE"}]) == "FAILED"
+    assert decided(suites=[green], sacred={"ok": False}) == "FAILED"
+    assert decided(suites=[green], gate_set={"ok": False}) == "FAILED"
+    assert decided(suites=[green], error="md5 mismatch") == "ERROR"
+    rec = Record(run_id="r", state="RUNNING", suites=[Suite(name="s", state="NOT_RUN")])
+    assert decide(rec) == "ERROR" and "no gate suite ran" in rec.error
     assert [exit_code(s) for s in ("PASSED", "FAILED", "ERROR", "LOST")] == [0, 1, 2, 2]
 
 
-def test_merge_result_folds_the_box_part_into_the_record(stub):
+def test_merge_folds_the_box_part_into_the_record(stub):
     rec = new_record(archive(stub, "HEAD"), "A", "r1")
-    rec["not_run"].append({"what": "head side", "why": "x"})
-    rec["timings"]["archive_s"] = 0.1
-    parts = {"box": {"name": "A", "node_id": "n0", "backend": "cpu"}, "provenance": {"md5_box": "m"},
-             "not_run": [{"what": "CUDA gates", "why": "no GPU"}], "suites": [{"name": "s", "state": "GREEN"}],
-             "residency": [{"arm": "packed", "weights": []}], "timings": {"fetch_s": 0.25, "build_s": 2.0}}
-    merge_result(rec, parts, put_s=0.5)
-    assert rec["box"]["node_id"] == "n0" and rec["box"]["backend"] == "cpu" and rec["provenance"]["md5_box"] == "m"
-    assert [n["what"] for n in rec["not_run"]] == ["head side", "CUDA gates"]
-    assert rec["suites"][0]["state"] == "GREEN" and rec["residency"][0]["arm"] == "packed"
-    assert rec["timings"] == {"archive_s": 0.1, "build_s": 2.0, "transfer_s": 0.75}
+    md5_driver = rec.provenance.md5_driver
+    rec.not_run.append(NotRun(what="head side", why="x"))
+    rec.timings["archive_s"] = 0.1
+    parts = BoxResult.from_json({
+        "box": {"name": "A", "node_id": "n0", "backend": "cpu"}, "md5_box": "m",
+        "not_run": [{"what": "CUDA gates", "why": "no GPU"}], "suites": [{"name": "s", "state": "GREEN"}],
+        "residency": [{"arm": "packed", "weights": []}], "timings": {"fetch_s": 0.25, "build_s": 2.0}})
+    rec.merge(parts, put_s=0.5)
+    assert rec.box.node_id == "n0" and rec.box.backend == "cpu" and rec.provenance.md5_box == "m"
+    assert rec.provenance.md5_driver == md5_driver
+    assert [n.what for n in rec.not_run] == ["head side", "CUDA gates"]
+    assert rec.suites[0].state == "GREEN" and rec.residency[0]["arm"] == "packed"
+    assert rec.timings == {"archive_s": 0.1, "build_s": 2.0, "transfer_s": 0.75}
 
 
 def test_finish_run_decides_stores_and_keeps_lost(stub, tmp_path):
@@ -307,10 +313,10 @@ def test_finish_run_decides_stores_and_keeps_lost(stub, tmp_path):
                                         ("r2", "LOST", [], "LOST")):
         rec = new_record(archive(stub, "HEAD"), "A", run_id)
         db.insert_queued(conn, rec, run_id)
-        rec.update(state=state, suites=suites)
+        rec.state, rec.suites = state, [Suite.from_json(s) for s in suites]
         out = finish_run(config, conn, rec, time.monotonic())
-        assert out is rec and rec["state"] == want and db.state_of(conn, run_id) == want
-        assert rec["finished_at"] and rec["timings"]["total_s"] >= 0
+        assert out is rec and rec.state == want and db.state_of(conn, run_id) == want
+        assert rec.finished_at and rec.timings["total_s"] >= 0
 
 
 # ---- suites ---------------------------------------------------------------------------------------
@@ -340,11 +346,11 @@ def test_judge_census_mismatch_is_red():
 
 def test_suite_runs_green_and_red(stub):
     green = run_suite(Tree(stub), _manifest_suite(name="ok", path="tests/test_ok.py", tests=2, checks=3))
-    assert green["state"] == "GREEN" and (green["tests_passed"], green["checks_passed"]) == (2, 3)
+    assert green.state == "GREEN" and (green.tests_passed, green.checks_passed) == (2, 3)
     (stub / "tests/test_bad.py").write_text(FAILING_TEST)
     red = run_suite(Tree(stub), _manifest_suite(name="bad", path="tests/test_bad.py", tests=1, checks=1))
-    assert red["state"] == "RED" and red["failures"][0]["test"].endswith("test_wrong")
-    assert "expected 5, found 4" in red["failures"][0]["message"]
+    assert red.state == "RED" and red.failures[0].test.endswith("test_wrong")
+    assert "expected 5, found 4" in red.failures[0].message
 
 
 def _gone(pid: int) -> bool:
@@ -362,7 +368,7 @@ def test_hanging_suite_times_out_and_its_group_dies(stub, tmp_path):
     (stub / "tests/test_hang.py").write_text(hanging_test(pids))
     s = _manifest_suite(name="hang", path="tests/test_hang.py", tests=1, checks=1, timeout_s=8)
     rec = run_suite(Tree(stub), s)
-    assert rec["state"] == "TIMEOUT" and "timed out after 8 s" in rec["reasons"][0]
+    assert rec.state == "TIMEOUT" and "timed out after 8 s" in rec.reasons[0]
     pytest_pid, sleeper = map(int, pids.read_text().split())
     assert _gone(pytest_pid) and _gone(sleeper)
 

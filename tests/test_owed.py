@@ -5,6 +5,7 @@ import pytest
 
 import report_records as rr
 from orchestrator import db, owed
+from orchestrator.record import Record
 
 SHA = rr.BASE["head"]["sha"]
 OTHER = "c0ffee" + SHA[6:]
@@ -78,15 +79,16 @@ def test_a_person_closes_with_a_reason(conn):
 
 def test_sync_joins_the_result_transaction(conn):
     """db.finish stores the record and syncs the ledger in one transaction: all or nothing."""
-    rec = rr.seed_record(run_id="r-tx", created_at=db.utc_now())
+    rec = Record.from_json(rr.seed_record(run_id="r-tx", created_at=db.utc_now()))
     db.insert_queued(conn, rec, "key")
-    rec.update(state="PASSED", finished_at=db.utc_now())
+    rec.state, rec.finished_at = "PASSED", db.utc_now()
     db.finish(conn, rec, sync=owed.sync_from_record)
     assert db.state_of(conn, "r-tx") == "PASSED" and len(owed.list_open(conn)) == 2
 
-    rec2 = rr.seed_record(run_id="r-tx2", created_at=db.utc_now(), head={"rev": "y", "sha": OTHER})
+    rec2 = Record.from_json(rr.seed_record(run_id="r-tx2", created_at=db.utc_now(), head={"rev": "y", "sha": OTHER}))
     db.insert_queued(conn, rec2, "key2")
-    rec2.update(state="PASSED", finished_at=db.utc_now(), grid={"cells": [{"cell": {"b": 1}, "verdict": 3}]})
+    rec2.state, rec2.finished_at = "PASSED", db.utc_now()
+    rec2.grid = {"cells": [{"cell": {"b": 1}, "verdict": 3}]}
     with pytest.raises(Exception, match="verdict: expected"):
         db.finish(conn, rec2, sync=owed.sync_from_record)
     assert db.state_of(conn, "r-tx2") == "QUEUED" and owed.list_open(conn, OTHER) == []
@@ -173,7 +175,7 @@ def test_rows_of_a_ledger_without_backends_migrate_from_their_runs(tmp_path):
               " opened_at TEXT NOT NULL, last_seen_by TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'open',"
               " closed_by TEXT, closed_at TEXT, close_reason TEXT)")
     c.execute("CREATE UNIQUE INDEX owed_one_open ON owed (head_sha, cell, what) WHERE state = 'open'")
-    cuda_run = rr.seed_record(run_id="r-cuda", box=H200, created_at=db.utc_now())
+    cuda_run = Record.from_json(rr.seed_record(run_id="r-cuda", box=H200, created_at=db.utc_now()))
     db.insert_queued(c, cuda_run, "k")
     cell = "batch=1 gen_len=32 preset=27b prompt_len=128"
     for what, opener in (("magnitude", "r-cuda"), ("direction", "r-gone")):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import typer
@@ -11,6 +12,8 @@ import report_records as rr
 from orchestrator import db, owed
 from orchestrator.commands import owed as owed_cmd
 from orchestrator.commands import report as report_cmd
+from orchestrator.config import BoxConfig, Config
+from orchestrator.record import Record
 
 SHA = rr.BASE["head"]["sha"]
 
@@ -27,11 +30,11 @@ def app():
 def dbfile(tmp_path):
     path = tmp_path / "regate.db"
     conn = db.connect(path)
-    for i, rec in enumerate((rr.seed_record(run_id="20261130T070000Z-fa6ef3fe-aaaa"), rr.error_record())):
-        rec["created_at"] = f"2026-11-30T0{7 + i}:00:00Z"
+    for i, raw in enumerate((rr.seed_record(run_id="20261130T070000Z-fa6ef3fe-aaaa"), rr.error_record())):
+        rec = Record.from_json(raw)
+        rec.created_at = f"2026-11-30T0{7 + i}:00:00Z"
         db.insert_queued(conn, rec, f"k{i}")
-        state = rec["state"] = "ERROR" if rec["run_id"] == "r-err" else "PASSED"
-        rec.update(state=state, finished_at=rec["created_at"])
+        rec.state, rec.finished_at = "ERROR" if rec.run_id == "r-err" else "PASSED", rec.created_at
         db.finish(conn, rec, sync=owed.sync_from_record)
     conn.close()
     return path
@@ -91,16 +94,23 @@ def test_owed_lists_filters_and_closes(app, dbfile):
     assert res.exit_code == 2 and "unknown revision" in res.output
 
 
-def test_the_gates_report_shows_the_ledger_after_the_sync(tmp_path):
-    """orchestrator.driver.gate re-renders the run's page once db.finish has synced the owed ledger."""
-    from orchestrator.driver.gate import _render_index
+def test_the_gates_report_is_rendered_once_after_the_sync(tmp_path, monkeypatch):
+    """finish_run renders the run's page once, after db.finish has synced the owed ledger, so the one
+    page shows this run's own ledger items."""
+    from orchestrator.driver.gate import finish_run
+    from orchestrator.report import render
 
-    conn = db.connect(tmp_path / "regate.db")
-    rec = rr.seed_record(run_id="r-gate", created_at=db.utc_now())
+    rendered, real = [], render.render_run
+    monkeypatch.setattr(render, "render_run", lambda *a, **kw: rendered.append(kw.get("owed")) or real(*a, **kw))
+    config = Config(boxes=(BoxConfig("A", lock_path=str(tmp_path / "A.lock")),), db_path=tmp_path / "regate.db",
+                    reports_dir=tmp_path)
+    conn = db.connect(config.db_path)
+    rec = Record.from_json(rr.seed_record(run_id="r-gate", created_at=db.utc_now()))
     db.insert_queued(conn, rec, "k")
-    rec.update(state="PASSED", finished_at=db.utc_now(), report_path=str(tmp_path / "r-gate.html"))
-    db.finish(conn, rec, sync=owed.sync_from_record)
-    _render_index(conn, tmp_path, rec)
+    finish_run(config, conn, rec, time.monotonic())
+    assert len(rendered) == 1, f"the report was rendered {len(rendered)} times"
+    assert [i["opened_by"] for i in rendered[0]] == ["r-gate", "r-gate"]
+    assert rec.report_path == str(tmp_path / "r-gate.html") == db.get(conn, "r-gate").report_path
     page = (tmp_path / "r-gate.html").read_text()
     ledger = page.split("Open owed-ledger items for this head")[1].split('<section id="residency">')[0]
     assert ledger.count('<td class="mono">r-gate</td>') == 2  # both items, opened by this run

@@ -16,6 +16,7 @@ from test_report_render import parse, squash  # noqa: E402
 from orchestrator import db, owed  # noqa: E402
 from orchestrator.commands.gate import summary  # noqa: E402
 from orchestrator.driver.gate import decide, exit_code  # noqa: E402
+from orchestrator.record import Record  # noqa: E402
 from orchestrator.report.headline import shown_state  # noqa: E402
 from orchestrator.report.render import render_markdown  # noqa: E402
 from orchestrator.report.render import html  # noqa: E402
@@ -36,18 +37,18 @@ def cpu_only_record(**over) -> dict:
 
 def test_case6_the_headline_of_a_cpu_only_pass_is_partial_everywhere():
     r = cpu_only_record()
-    assert decide(r) == "PASSED" and shown_state(r) == PARTIAL
+    assert decide(Record.from_json(r)) == "PASSED" and shown_state(r) == PARTIAL
     page = html(r)
     assert f'<span class="state">{PARTIAL}</span>' in page
     assert 'class="verdict PARTIAL"' in page and 'class="verdict PASSED"' not in page
     verdict = squash(parse(page).text["verdict"])
     assert "not run CUDA gates; suite packed_gemm; mutation pins — a partial pass" in verdict
     assert f"**regate {PARTIAL}**" in render_markdown(r)
-    line = summary({**r, "provenance": r["provenance"]})
+    line = summary(Record.from_json(r))
     assert (line["state"], line["full_pass"], line["exit_code"]) == (PARTIAL, False, 0)
     assert line["not_run_suites"] == ["packed_gemm"]
     full = rr.record()
-    assert shown_state(full) == "PASSED" and summary(full)["full_pass"] is True
+    assert shown_state(full) == "PASSED" and summary(Record.from_json(full))["full_pass"] is True
 
 
 def test_case6_owed_is_not_zero_beside_a_not_run_list():
@@ -77,7 +78,7 @@ def test_case6_computed_residency_rows_say_so_and_an_unrequired_marker_is_neutra
 def test_case5_a_stale_pin_fails_the_gate():
     r = rr.record()
     r["mutations"][0]["state"] = "STALE"
-    assert decide(r) == "FAILED" and exit_code(decide(r)) == 1
+    assert decide(Record.from_json(r)) == "FAILED" and exit_code(decide(Record.from_json(r))) == 1
 
 
 def test_case6_a_cpu_gate_end_to_end_is_partial_and_owes_the_cuda_rerun(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 import report_records as rr
 from engine.nvfp4 import Nvfp4Weight, quantize
+from orchestrator.record import Record
 from orchestrator.report import residency
 
 GIB = 2**30
@@ -55,7 +56,7 @@ def test_measured_reading_is_checked_against_the_model():
 
 
 def test_no_residency_no_section():
-    assert residency.section(rr.record()) is None
+    assert residency.section(Record.from_json(rr.record())) is None
 
 
 @pytest.mark.parametrize("b, signed, text", [

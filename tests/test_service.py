@@ -156,8 +156,8 @@ def test_schedules_queue_grids_once_and_skip_measured_heads(env):
     assert job == ("schedule:nightly", "smoke") and db.state_of(conn, f.run_id) == "QUEUED"
     # The grid finished binding: the next night's firing records "already measured" and queues nothing.
     rec = db.get(conn, f.run_id)
-    rec.update(state="PASSED", finished_at=db.utc_now(),
-               grid={"spec": "smoke", "cells": [{"verdict": {"magnitude": {"state": "binding"}}}]})
+    rec.state, rec.finished_at = "PASSED", db.utc_now()
+    rec.grid = {"spec": "smoke", "cells": [{"verdict": {"magnitude": {"state": "binding"}}}]}
     db.finish(conn, rec)
     clock.t = datetime(2026, 12, 1, 2, 0, 5, tzinfo=timezone.utc)
     run_until(lambda: len(firings()) == 2)
@@ -196,14 +196,14 @@ def test_workers_run_one_job_at_a_time_per_box_and_record_a_crash(env, monkeypat
         if job.grid == "smoke" and job.box == "boxb":
             raise RuntimeError("a bug in the service")
         rec = db.get(conn, job.run_id)
-        rec.update(state="PASSED", finished_at=db.utc_now())
+        rec.state, rec.finished_at = "PASSED", db.utc_now()
         db.finish(conn, rec)
         return rec
 
     monkeypatch.setattr("orchestrator.service.daemon.run_queued", fake_run)
     conn = db.connect(config.db_path)
     service_queue.ensure_schema(conn)
-    queued = [service_queue.enqueue(conn, config, repo, "main", box, grid, False, "api")[0]["run_id"]
+    queued = [service_queue.enqueue(conn, config, repo, "main", box, grid, False, "api")[0].run_id
               for box, grid in [("boxa", None), ("boxa", "smoke"), ("boxb", None), ("boxb", "smoke")]]
     svc = Service(config, str(repo), host="127.0.0.1", port=0, poll_s=0.02)
     svc.start()
@@ -213,8 +213,8 @@ def test_workers_run_one_job_at_a_time_per_box_and_record_a_crash(env, monkeypat
         svc.stop.set()
         svc.shutdown()
     assert [db.state_of(conn, r) for r in queued] == ["PASSED", "PASSED", "PASSED", "ERROR"]
-    assert "the service crashed running this job" in db.get(conn, queued[3])["error"]
-    assert "RuntimeError: a bug in the service" in db.get(conn, queued[3])["error"]
+    assert "the service crashed running this job" in db.get(conn, queued[3]).error
+    assert "RuntimeError: a bug in the service" in db.get(conn, queued[3]).error
     assert peak == {"boxa": 1, "boxb": 1}
     assert [r for r in order if r in queued[:2]] == queued[:2]  # oldest first
     assert all(not t.is_alive() for t in svc.workers)

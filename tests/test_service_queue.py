@@ -25,32 +25,32 @@ def env(tmp_path):
 
 def finish(conn, run_id, state, grid=None):
     rec = db.get(conn, run_id)
-    rec.update(state=state, finished_at=db.utc_now(), grid=grid)
+    rec.state, rec.finished_at, rec.grid = state, db.utc_now(), grid
     db.finish(conn, rec)
 
 
 def test_enqueue_then_idempotent_returns(env):
     config, repo, sha, conn = env
     rec, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
-    assert queued and rec["state"] == "QUEUED" and rec["head"]["sha"] == sha
-    assert db.state_of(conn, rec["run_id"]) == "QUEUED"
+    assert queued and rec.state == "QUEUED" and rec.head.sha == sha
+    assert db.state_of(conn, rec.run_id) == "QUEUED"
     again, queued = q.enqueue(conn, config, repo, sha, None, None, True, "api")  # same gate, pending
-    assert (again["run_id"], queued) == (rec["run_id"], False)
-    finish(conn, rec["run_id"], "PASSED")
+    assert (again.run_id, queued) == (rec.run_id, False)
+    finish(conn, rec.run_id, "PASSED")
     done, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
-    assert (done["run_id"], done["state"], queued) == (rec["run_id"], "PASSED", False)
+    assert (done.run_id, done.state, queued) == (rec.run_id, "PASSED", False)
     forced, queued = q.enqueue(conn, config, repo, "main", "boxa", None, True, "api")
-    assert queued and forced["run_id"] != rec["run_id"]
+    assert queued and forced.run_id != rec.run_id
     grid, queued = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
-    assert queued and grid["run_id"] not in (rec["run_id"], forced["run_id"])  # another gate set
+    assert queued and grid.run_id not in (rec.run_id, forced.run_id)  # another gate set
 
 
 def test_an_errored_gate_is_queued_again(env):
     config, repo, _, conn = env
     rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
-    finish(conn, rec["run_id"], "ERROR")
+    finish(conn, rec.run_id, "ERROR")
     again, queued = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
-    assert queued and again["run_id"] != rec["run_id"]
+    assert queued and again.run_id != rec.run_id
 
 
 @pytest.mark.parametrize("rev, box, grid, error, message", [
@@ -98,7 +98,7 @@ def test_claims_are_oldest_first_once_each_per_box(env):
     second, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
     a = q.claim_next(conn, "boxa")
     b = q.claim_next(conn, "boxa")
-    assert (a.run_id, b.run_id) == (first["run_id"], second["run_id"]) and b.grid == "smoke"
+    assert (a.run_id, b.run_id) == (first.run_id, second.run_id) and b.grid == "smoke"
     assert q.claim_next(conn, "boxa") is None and q.claim_next(conn, "boxb") is None
     q.requeue(conn, a.run_id)  # the box never started it: back in the queue
     assert q.claim_next(conn, "boxa").run_id == a.run_id
@@ -109,15 +109,15 @@ def test_an_interrupted_run_becomes_lost_after_the_heartbeat_deadline(env):
     rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
     q.claim_next(conn, "boxa")
     db.mark_running(conn, rec, "task-1")
-    q.mark_started(conn, rec["run_id"])
+    q.mark_started(conn, rec.run_id)
     q.mark_interrupted(conn, rec, "the service stopped (SIGTERM) while the job ran")
-    stored = db.get(conn, rec["run_id"])
-    assert stored["state"] == "RUNNING" and "SIGTERM" in stored["interrupted"]["why"]
+    stored = db.get(conn, rec.run_id)
+    assert stored.state == "RUNNING" and "SIGTERM" in stored.interrupted.why
     assert q.reconcile(conn, stale_s=60) == []  # within the deadline: still RUNNING
     conn.execute("UPDATE runs SET heartbeat = ?", (time.time() - 61,))
-    assert q.reconcile(conn, stale_s=60) == [rec["run_id"]]
-    lost = db.get(conn, rec["run_id"])
-    assert lost["state"] == "LOST" and lost["error"].startswith("interrupted: the service stopped (SIGTERM)")
+    assert q.reconcile(conn, stale_s=60) == [rec.run_id]
+    lost = db.get(conn, rec.run_id)
+    assert lost.state == "LOST" and lost.error.startswith("interrupted: the service stopped (SIGTERM)")
 
 
 def test_queued_jobs_survive_a_restart_and_the_stale_sweep(env):
@@ -128,8 +128,8 @@ def test_queued_jobs_survive_a_restart_and_the_stale_sweep(env):
     assert q.release_unstarted(conn) == 1
     q.beat_queued(conn)
     assert q.reconcile(conn, stale_s=60) == []
-    assert db.state_of(conn, rec["run_id"]) == "QUEUED"
-    assert q.claim_next(conn, "boxa").run_id == rec["run_id"]
+    assert db.state_of(conn, rec.run_id) == "QUEUED"
+    assert q.claim_next(conn, "boxa").run_id == rec.run_id
 
 
 def test_has_binding_grid(env):
@@ -139,19 +139,19 @@ def test_has_binding_grid(env):
         return {"spec": "smoke", "cells": [{"verdict": {"magnitude": {"state": s}}} for s in states]}
     assert not q.has_binding_grid(conn, sha, "smoke", "boxa")
     owed, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
-    finish(conn, owed["run_id"], "PASSED", grid("binding", "owed"))
+    finish(conn, owed.run_id, "PASSED", grid("binding", "owed"))
     assert not q.has_binding_grid(conn, sha, "smoke", "boxa")
     binding, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", True, "api")
-    finish(conn, binding["run_id"], "PASSED", grid("binding", "binding"))
+    finish(conn, binding.run_id, "PASSED", grid("binding", "binding"))
     assert q.has_binding_grid(conn, sha, "smoke", "boxa")
     assert q.has_binding_grid(conn, sha, "grids/smoke.yaml", "boxa")
     assert not q.has_binding_grid(conn, sha, "other", "boxa")
     renamed, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", True, "api")
-    finish(conn, renamed["run_id"], "PASSED", {**grid("binding"), "spec": "lmhead-small",
+    finish(conn, renamed.run_id, "PASSED", {**grid("binding"), "spec": "lmhead-small",
                                                "source": "/box/tree/grids/small.yaml"})
     assert q.has_binding_grid(conn, sha, "small", "boxa")  # named by its file, as the box finds it
     assert not q.has_binding_grid(conn, sha, "smoke", "boxb")
     git(repo, "commit", "-q", "--allow-empty", "-m", "next")
     assert not q.has_binding_grid(conn, git(repo, "rev-parse", "HEAD"), "smoke", "boxa")
     assert json.loads(conn.execute("SELECT record FROM runs WHERE run_id = ?",
-                                   (binding["run_id"],)).fetchone()[0])["grid"]["spec"] == "smoke"
+                                   (binding.run_id,)).fetchone()[0])["grid"]["spec"] == "smoke"

@@ -113,11 +113,11 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
     conn = db.connect(config.db_path)
     try:
         rec = db.get(conn, run_id)
-        assert rec["state"] == "RUNNING" and rec["head"]["sha"] == slow
-        assert "SIGTERM" in rec["interrupted"]["why"]
+        assert rec.state == "RUNNING" and rec.head.sha == slow
+        assert "SIGTERM" in rec.interrupted.why
         # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why.
         assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s) == [run_id], 30)
         lost = db.get(conn, run_id)
-        assert lost["state"] == "LOST" and lost["error"].startswith("interrupted: the service stopped (SIGTERM)")
+        assert lost.state == "LOST" and lost.error.startswith("interrupted: the service stopped (SIGTERM)")
     finally:
         conn.close()

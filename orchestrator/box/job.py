@@ -32,6 +32,7 @@ from orchestrator.box.mutate import run_pins
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
 from orchestrator.driver.provenance import md5_of, unpack
+from orchestrator.record import BoxResult, Build, GateSetCheck, Idle, Lock, Mutation, NotRun, Sacred, Suite
 
 Emit = Callable[[dict], None]
 MUTATIONS_OFF = ("mutations: off in the trusted gates.yaml, so no pin was applied in this gate; "
@@ -47,7 +48,7 @@ class JobError(Exception):
 class JobSpec:
     run_id: str
     sha: str
-    md5_head: str
+    md5_driver: str  # the archive's md5 on the driver; the box checks the bytes it received against it
     box: BoxConfig
     build_timeout_s: float
     lock_timeout_s: float
@@ -70,33 +71,30 @@ def versions() -> dict:
 
 
 def run_job(spec: JobSpec, identity: dict, fetch: Callable[[], tuple[bytes, float]], emit: Emit,
-            cancelled: Callable[[], bool] = lambda: False) -> dict:
+            cancelled: Callable[[], bool] = lambda: False) -> BoxResult:
     """The box's part of the record. Never raises: an unexpected exception becomes `error`."""
     gpus = idle.gpus()
-    parts = {"box": {**identity, "gpu": ", ".join(g.name for g in gpus) or None,
-                     "backend": "cuda" if gpus else "cpu"},
-             "versions": versions(), "suites": [], "mutations": [], "grid": None, "not_run": [],
-             "error": None, "timings": {}}
+    parts = BoxResult(box={**identity, "gpu": ", ".join(g.name for g in gpus) or None,
+                           "backend": "cuda" if gpus else "cpu"}, versions=versions())
     if not gpus:
-        parts["not_run"].append({"what": "CUDA gates", "why": NO_GPU})
+        parts.not_run.append(NotRun(what="CUDA gates", why=NO_GPU))
     try:
         _verified_and_gated(spec, fetch, emit, cancelled, parts, bool(gpus))
     except (JobError, BuildError, LockTimeout, ManifestError, GridJobError, TreeRunError) as e:
-        parts["error"] = str(e)
+        parts.error = str(e)
     except Exception:
-        parts["error"] = "job crashed on the box:\n" + traceback.format_exc(limit=8)
+        parts.error = "job crashed on the box:\n" + traceback.format_exc(limit=8)
     return parts
 
 
-def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
+def _verified_and_gated(spec, fetch, emit, cancelled, parts: BoxResult, has_gpu) -> None:
     tarball, fetch_s = fetch()
     if HOOK_CORRUPT in spec.hooks:
         tarball = bytes([tarball[0] ^ 0xFF]) + tarball[1:]
-    md5_box = md5_of(tarball)
-    parts["provenance"] = {"md5_box": md5_box, "archive_bytes": len(tarball)}
-    parts["timings"]["fetch_s"] = round(fetch_s, 3)
-    if md5_box != spec.md5_head:
-        raise JobError(f"md5 mismatch: the driver archived {spec.md5_head}, the box received {md5_box}; "
+    parts.md5_box, parts.archive_bytes = md5_of(tarball), len(tarball)
+    parts.timings["fetch_s"] = round(fetch_s, 3)
+    if parts.md5_box != spec.md5_driver:
+        raise JobError(f"md5 mismatch: the driver archived {spec.md5_driver}, the box received {parts.md5_box}; "
                        "refusing to gate bytes that are not the head's")
     work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
     tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled, scratch=work)
@@ -105,14 +103,14 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
         unpack(tarball, tree.root)
         emit({"event": "step", "step": "build", "status": "start"})
         b = build(tree, spec.box.required_markers, spec.build_timeout_s)
-        parts["build"], parts["timings"]["build_s"] = b, b["duration_s"]
+        parts.build, parts.timings["build_s"] = Build.from_json(b), b["duration_s"]
         emit({"event": "step", "step": "build", "status": "done", "detail": "; ".join(b["markers"]) or "no markers"})
         if b["missing"]:
             raise JobError(f"degraded build: required marker(s) missing: {', '.join(b['missing'])} "
                            f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
         gates = _gate_set(tree.root, spec)
-        parts["gate_set"] = gates.record()
-        parts["sacred"] = _sacred(tree.root, spec)
+        parts.gate_set = GateSetCheck.from_json(gates.record())
+        parts.sacred = _sacred(tree.root, spec)
         _under_lock(spec, tree, gates, emit, parts, has_gpu)
     finally:
         tree.reap()  # a build or a step that ran outside the lock leaves nothing behind either
@@ -120,76 +118,75 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts, has_gpu) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts, has_gpu) -> None:
+def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> None:
     emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
     on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
     with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, tree.cancelled, tree) as held:
-        parts["lock"], parts["timings"]["lock_wait_s"] = held, held["wait_s"]
+        parts.lock, parts.timings["lock_wait_s"] = Lock.from_json(held), held["wait_s"]
         emit({"event": "step", "step": "lock", "status": "done", "detail": f"waited {held['wait_s']:.1f} s"})
         pol = spec.box.idle
         on_busy = lambda msg: emit({"event": "step", "step": "idle", "status": "waiting", "detail": msg})  # noqa: E731
-        parts["idle"] = idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy)
-        if parts["idle"]["checked"] and not parts["idle"]["idle"]:
-            raise JobError(f"box {spec.box.name} is not idle: {parts['idle']['detail']}")
-        parts["residency"] = _residency(spec, tree, emit, parts)
+        parts.idle = Idle.from_json(idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy))
+        if parts.idle.checked and not parts.idle.idle:
+            raise JobError(f"box {spec.box.name} is not idle: {parts.idle.detail}")
+        parts.residency = _residency(spec, tree, emit, parts)
         t = time.monotonic()
-        parts["suites"] = _suites(tree, gates, emit, parts, has_gpu)
-        for s in parts["suites"]:
-            s["sacred_modified"] = s["name"] in parts["sacred"]["modified"]
+        parts.suites = _suites(tree, gates, emit, parts, has_gpu)
+        for s in parts.suites:
+            s.sacred_modified = s.name in parts.sacred.modified
         if gates.mutations == "on_gate":
-            parts["mutations"] = _pins(tree, emit, parts)
+            parts.mutations = _pins(tree, emit, parts)
         else:  # not run is not passed: the report lists it beside the CUDA gates
-            parts["not_run"].append({"what": "mutation pins", "why": MUTATIONS_OFF.format(sha=spec.sha[:12])})
-        parts["timings"]["gates_s"] = round(time.monotonic() - t, 3)
+            parts.not_run.append(NotRun(what="mutation pins", why=MUTATIONS_OFF.format(sha=spec.sha[:12])))
+        parts.timings["gates_s"] = round(time.monotonic() - t, 3)
         if spec.grid:
             t = time.monotonic()
-            parts["grid"] = run_tree_grid(tree, spec.grid, emit)
-            parts["timings"]["grid_s"] = round(time.monotonic() - t, 3)
+            parts.grid = run_tree_grid(tree, spec.grid, emit)
+            parts.timings["grid_s"] = round(time.monotonic() - t, 3)
 
 
-def _residency(spec, tree: Tree, emit, parts) -> list[dict] | None:
+def _residency(spec, tree: Tree, emit, parts: BoxResult) -> list[dict] | None:
     """Both arms' `engine info` residency; under the lock, since `engine info` loads onto the GPU."""
     emit({"event": "step", "step": "residency", "status": "start"})
     t = time.monotonic()
-    readings, skipped = measure_residency(tree, parts["box"]["backend"], spec.grid)
-    parts["not_run"].extend(skipped)
-    parts["timings"]["residency_s"] = round(time.monotonic() - t, 3)
+    readings, skipped = measure_residency(tree, parts.box["backend"], spec.grid)
+    parts.not_run.extend(NotRun.from_json(n) for n in skipped)
+    parts.timings["residency_s"] = round(time.monotonic() - t, 3)
     arms = ", ".join(r["arm"] for r in readings or [])
     emit({"event": "step", "step": "residency", "status": "done" if not skipped else "incomplete",
-          "detail": f"{parts['box']['backend']}: {arms or 'no arm read'}"})
+          "detail": f"{parts.box['backend']}: {arms or 'no arm read'}"})
     return readings
 
 
-def _suites(tree: Tree, gates: GateSet, emit, parts, has_gpu) -> list[dict]:
+def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> list[Suite]:
     out = []
     for suite, why in gates.skipped:
         out.append(not_run(suite, why))
-        parts["not_run"].append({"what": f"suite {suite.name}", "why": why})
+        parts.not_run.append(NotRun(what=f"suite {suite.name}", why=why))
     for suite in gates.suites:
         if "cuda" in suite.needs and not has_gpu:
             out.append(not_run(suite, NO_GPU))
-            parts["not_run"].append({"what": f"suite {suite.name}", "why": NO_GPU})
+            parts.not_run.append(NotRun(what=f"suite {suite.name}", why=NO_GPU))
             continue
         if tree.cancelled():
             out.append(not_run(suite, "cancelled"))
             continue
         on_start = lambda pid, s=suite: emit({"event": "suite", "suite": s.name, "status": "start", "pid": pid})  # noqa: E731
         rec = run_suite(tree, suite, on_start)
-        emit({"event": "suite", "suite": suite.name, "status": rec["state"],
-              "detail": f"{rec['tests_passed']}/{rec['tests_total']} tests, "
-                        f"{rec['checks_passed']}/{rec['checks_total']} checks"})
+        emit({"event": "suite", "suite": suite.name, "status": rec.state,
+              "detail": f"{rec.tests_passed}/{rec.tests_total} tests, {rec.checks_passed}/{rec.checks_total} checks"})
         out.append(rec)
     return out
 
 
-def _pins(tree: Tree, emit, parts) -> list[dict]:
+def _pins(tree: Tree, emit, parts: BoxResult) -> list[Mutation]:
     emit({"event": "step", "step": "mutations", "status": "start"})
 
     def on_pin(r: dict) -> None:
         emit({"event": "step", "step": f"pin {r.get('pin')}", "status": r.get("state"), "detail": r.get("detail", "")})
-    results = list(run_pins(tree, progress=on_pin))
-    parts["not_run"].extend({"what": f"mutation pin {r['pin']}", "why": r["detail"]}
-                            for r in results if r["state"] == "NOT_RUN")  # a CUDA pin on a box without a GPU
+    results = [Mutation.from_json(r) for r in run_pins(tree, progress=on_pin)]
+    parts.not_run.extend(NotRun(what=f"mutation pin {r.pin}", why=r.detail)
+                         for r in results if r.state == "NOT_RUN")  # a CUDA pin on a box without a GPU
     return results
 
 
@@ -199,8 +196,7 @@ def _gate_set(tree: Path, spec: JobSpec) -> GateSet:
     return gate_set(trusted, load_manifest(tree), spec.accept_gate_change)
 
 
-def _sacred(tree: Path, spec: JobSpec) -> dict:
+def _sacred(tree: Path, spec: JobSpec) -> Sacred:
     """Sacred suites judged against the trusted manifest (the box's regate, or the configured root)."""
     check = check_sacred(tree, spec.trusted_root, spec.accept_sacred)
-    return {"ok": check.ok, "accepted": check.accepted, "modified": list(check.modified),
-            "message": check.message()}
+    return Sacred(ok=check.ok, accepted=check.accepted, modified=list(check.modified), message=check.message())

@@ -16,6 +16,7 @@ from typing import Callable
 from gates.census import ENV_OUT, census_verdict
 from gates.manifest import Suite
 from orchestrator.box.tree import Result, Tree
+from orchestrator.record import Suite as SuiteResult
 
 NO_GPU = "no CUDA gate was run: this box has no GPU"
 _MAX_NOTES = 50  # findings a suite reports without failing (margins, measured bytes), kept in the record
@@ -46,8 +47,8 @@ def run_census(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict
                         json.loads(census_out.read_text()) if census_out.exists() else None)
 
 
-def not_run(suite: Suite, why: str) -> dict:
-    return {**_base(suite), "state": "NOT_RUN", "why": why}
+def not_run(suite: Suite, why: str) -> SuiteResult:
+    return SuiteResult.from_json({**_base(suite), "state": "NOT_RUN", "why": why})
 
 
 def _base(suite: Suite) -> dict:
@@ -58,13 +59,13 @@ def _base(suite: Suite) -> dict:
             "notes": []}
 
 
-def run_suite(tree: Tree, suite: Suite, on_start: Callable[[int], None] | None = None) -> dict:
+def run_suite(tree: Tree, suite: Suite, on_start: Callable[[int], None] | None = None) -> SuiteResult:
     """The record's entry for one suite, run to completion, timeout or cancellation."""
     run = run_census(tree, suite, on_start=on_start)
     res = run.result
     rec = _base(suite) | {"duration_s": res.duration_s, "pid": res.pid}
     rec.update(judge(suite, res.returncode, res.timed_out, res.cancelled, run.junit, run.census, res.output))
-    return rec
+    return SuiteResult.from_json(rec)
 
 
 def judge(suite: Suite, returncode, timed_out: bool, cancelled: bool, junit: dict | None,

@@ -19,35 +19,33 @@ from rich.console import Console
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
 from orchestrator.driver.gate import exit_code, run_gate
-from orchestrator.report.headline import is_partial, shown_state, suites_not_run
 from orchestrator.box.idle import gpus
 from orchestrator.driver.provenance import ProvenanceError
 from orchestrator.driver.grid_check import RequestError
+from orchestrator.record import SCHEMA_VERSION, Record
 
 HOOKS_ENV = "REGATE_TEST_HOOKS"  # comma-separated job test hooks (tests inject an md5 mismatch this way)
 
 
-def summary(record: dict) -> dict:
-    """The `--json` line: what a machine needs to act on a gate."""
-    grid = record.get("grid") or {}
+_SUITE_KEYS = ("name", "sacred", "state", "tests_passed", "tests_total", "checks_passed", "checks_total",
+               "census_tests", "census_checks", "tallies")
+
+
+def summary(record: Record) -> dict:
+    """The `--json` line: what a machine needs to act on a gate. `md5_head` is the driver's md5 of
+    the archive (`Provenance.md5_driver`), under the key the line has always had."""
+    r = record
     return {
-        "run_id": record["run_id"], "state": shown_state(record), "full_pass": record["state"] == "PASSED"
-        and not is_partial(record), "not_run_suites": [s.get("name") for s in suites_not_run(record)],
-        "exit_code": exit_code(record["state"]),
-        "head_sha": record["head"]["sha"], "md5_head": record["provenance"]["md5_head"],
-        "md5_box": record["provenance"]["md5_box"], "box": record["box"]["name"],
-        "backend": record["box"].get("backend"),
-        "lock_wait_s": (record.get("lock") or {}).get("wait_s"),
-        "sacred": record.get("sacred"), "gate_set": record.get("gate_set"),
-        "markers": (record.get("build") or {}).get("markers", []),
-        "suites": [{k: s.get(k) for k in ("name", "sacred", "state", "tests_passed", "tests_total",
-                                          "checks_passed", "checks_total", "census_tests", "census_checks",
-                                          "tallies")}
-                   for s in record.get("suites") or []],
-        "mutations": [{k: p.get(k) for k in ("pin", "state")} for p in record.get("mutations") or []],
-        "grid_verdicts": [{"cell": c.get("cell"), "verdict": c.get("verdict")} for c in grid.get("cells", [])],
-        "report_path": record.get("report_path"), "not_run": record.get("not_run", []),
-        "error": record.get("error"),
+        "schema_version": SCHEMA_VERSION, "run_id": r.run_id, "state": r.shown_state, "full_pass": r.full_pass,
+        "not_run_suites": [s.name for s in r.suites_not_run], "exit_code": exit_code(r.state),
+        "head_sha": r.head.sha, "md5_head": r.provenance.md5_driver, "md5_box": r.provenance.md5_box,
+        "box": r.box.name, "backend": r.box.backend, "lock_wait_s": r.lock.wait_s if r.lock else None,
+        "sacred": r.sacred.to_json() if r.sacred else None,
+        "gate_set": r.gate_set.to_json() if r.gate_set else None, "markers": r.build.markers if r.build else [],
+        "suites": [{k: getattr(s, k) for k in _SUITE_KEYS} for s in r.suites],
+        "mutations": [{"pin": p.pin, "state": p.state} for p in r.mutations],
+        "grid_verdicts": [{"cell": c.get("cell"), "verdict": c.get("verdict")} for c in (r.grid or {}).get("cells", [])],
+        "report_path": r.report_path, "not_run": [n.to_json() for n in r.not_run], "error": r.error,
     }
 
 
@@ -89,25 +87,22 @@ def _describe(ev: dict) -> str | None:
     return None
 
 
-def _final_lines(record: dict, console: Console) -> None:
-    for s in record.get("suites") or []:
-        counts = f"{s['tests_passed']}/{s['tests_total']} tests, {s['checks_passed']}/{s['checks_total']} checks"
-        why = s.get("why") or "; ".join(s.get("reasons") or [])
-        tallies = "".join(f", {k} {t['count']}/{t['of']}" for k, t in (s.get("tallies") or {}).items())
-        console.print(f"  {s['state']:8} {s['name']}" + ("" if s["state"] == "NOT_RUN" else f"  {counts}{tallies}")
+def _final_lines(record: Record, console: Console) -> None:
+    for s in record.suites:
+        counts = f"{s.tests_passed}/{s.tests_total} tests, {s.checks_passed}/{s.checks_total} checks"
+        why = s.why or "; ".join(s.reasons)
+        tallies = "".join(f", {k} {t['count']}/{t['of']}" for k, t in s.tallies.items())
+        console.print(f"  {s.state:8} {s.name}" + ("" if s.state == "NOT_RUN" else f"  {counts}{tallies}")
                       + (f"  ({why})" if why else ""), highlight=False)
-    sacred = record.get("sacred") or {}
-    if sacred.get("modified"):
-        console.print(f"  {sacred['message']}", highlight=False)
-    gate_set = record.get("gate_set") or {}
-    if gate_set.get("changes"):
-        console.print(f"  {gate_set['message']}", highlight=False)
-    for n in record.get("not_run") or []:
-        console.print(f"  not run: {n['what']}: {n['why']}", highlight=False)
-    if record.get("error"):
-        console.print(f"  error: {record['error']}", highlight=False)
-    console.print(f"{shown_state(record)}: run {record['run_id']}  report: {record.get('report_path')}",
-                  highlight=False)
+    if record.sacred and record.sacred.modified:
+        console.print(f"  {record.sacred.message}", highlight=False)
+    if record.gate_set and record.gate_set.changes:
+        console.print(f"  {record.gate_set.message}", highlight=False)
+    for n in record.not_run:
+        console.print(f"  not run: {n.what}: {n.why}", highlight=False)
+    if record.error:
+        console.print(f"  error: {record.error}", highlight=False)
+    console.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
 
 
 def gate(
@@ -146,7 +141,7 @@ def gate(
     if as_json:
         print(json.dumps(summary(record)))
     sys.stdout.flush()
-    raise typer.Exit(1 if require_full and is_partial(record) else exit_code(record["state"]))
+    raise typer.Exit(1 if require_full and record.is_partial else exit_code(record.state))
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ import typer
 
 from orchestrator import db, owed
 from orchestrator.config import ConfigError, load_config
+from orchestrator.record import Record, RecordError
 from orchestrator.report.errors import ReportError
 from orchestrator.report.render import render_index, render_markdown, render_run
 
@@ -34,7 +35,7 @@ def open_db(config: Path | None, db_path: Path | None) -> tuple[sqlite3.Connecti
     return db.connect(path), Path(cfg.reports_dir)
 
 
-def load_record(conn: sqlite3.Connection, run_id: str) -> dict:
+def load_record(conn: sqlite3.Connection, run_id: str) -> Record:
     try:
         return db.get(conn, run_id)
     except KeyError as e:
@@ -49,7 +50,7 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
     conn, reports_dir = open_db(config, db_path)
     try:
         record = load_record(conn, run_id)
-        items = owed.list_open(conn, (record.get("head") or {}).get("sha") or None)
+        items = owed.list_open(conn, record.head.sha or None)
         if fmt == "md":
             return render_markdown(record, owed=items)
         reports_dir = Path(out or reports_dir)
@@ -72,6 +73,6 @@ def register(app: typer.Typer) -> None:
         """Re-render a past run's report from its stored record."""
         try:
             typer.echo(report(run, fmt, config, db_path, out))
-        except (CommandError, ConfigError, ReportError, json.JSONDecodeError) as e:
+        except (CommandError, ConfigError, ReportError, RecordError, json.JSONDecodeError) as e:
             typer.echo(f"orchestrator report: {e}", err=True)
             raise typer.Exit(2)

@@ -35,13 +35,13 @@ def runs(config: Optional[str] = typer.Option(None, "--config"),
     records = db.list_runs(_conn(config), limit)
     if as_json:
         for r in records:
-            print(json.dumps({"run_id": r["run_id"], "state": r["state"], "sha": r["head"]["sha"],
-                              "box": r["box"]["name"], "created_at": r["created_at"]}))
+            print(json.dumps({"run_id": r.run_id, "state": r.state, "sha": r.head.sha, "box": r.box.name,
+                              "created_at": r.created_at}))
         return
     table = Table("run", "state", "head", "box", "created", "suites")
     for r in records:
-        suites = " ".join(f"{s['name']}:{s['state']}" for s in r.get("suites") or [])
-        table.add_row(r["run_id"], r["state"], r["head"]["sha"][:12], str(r["box"]["name"]), r["created_at"], suites)
+        suites = " ".join(f"{s.name}:{s.state}" for s in r.suites)
+        table.add_row(r.run_id, r.state, (r.head.sha or "")[:12], str(r.box.name), str(r.created_at), suites)
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
 
 
@@ -53,7 +53,7 @@ def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)
     except KeyError as e:
         Console(stderr=True).print(f"error: {e.args[0]}", markup=False)
         raise typer.Exit(2)
-    print(json.dumps(record, indent=1))
+    print(json.dumps(record.to_json(), indent=1))
 
 
 def register(app: typer.Typer) -> None:

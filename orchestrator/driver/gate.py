@@ -18,14 +18,13 @@ import ray
 from gates.sacred import trusted_root as sacred_trusted_root
 from orchestrator import db
 from orchestrator.config import Config
-from orchestrator.report.headline import shown_state
 from orchestrator.box.job import JobSpec
 from orchestrator.driver.grid_check import check_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 
 from orchestrator.driver.provenance import Archive, archive, read_member
+from orchestrator.record import Box, Head, NotRun, Provenance, Record
 
-SCHEMA_VERSION = 1
 MANIFEST = "gates/gates.yaml"
 Progress = Callable[[dict], None]
 
@@ -34,21 +33,20 @@ def exit_code(state: str) -> int:
     return {"PASSED": 0, "FAILED": 1}.get(state, 2)
 
 
-def decide(record: dict) -> str:
+def decide(record: Record) -> str:
     """The final state from the record's contents (pure)."""
-    if record.get("error"):
+    if record.error:
         return "ERROR"
-    suites = record.get("suites") or []
-    if any(s["state"] in ("RED", "TIMEOUT") for s in suites):
+    if any(s.state in ("RED", "TIMEOUT") for s in record.suites):
         return "FAILED"
-    if any(p.get("state") in ("SURVIVED", "STALE") for p in record.get("mutations") or []):
+    if any(p.state in ("SURVIVED", "STALE") for p in record.mutations):
         return "FAILED"  # a stale pin guards nothing: not a pass
-    if not (record.get("sacred") or {}).get("ok", True):
+    if record.sacred is not None and not record.sacred.ok:
         return "FAILED"
-    if not (record.get("gate_set") or {}).get("ok", True):
+    if record.gate_set is not None and not record.gate_set.ok:
         return "FAILED"  # the head dropped a suite or lowered a census, unaccepted
-    if not any(s["state"] == "GREEN" for s in suites):
-        record["error"] = "no gate suite ran on this box, so nothing was gated"
+    if not any(s.state == "GREEN" for s in record.suites):
+        record.error = "no gate suite ran on this box, so nothing was gated"
         return "ERROR"
     return "PASSED"
 
@@ -64,19 +62,15 @@ def idempotency_key(arch: Archive, grid: str | None, box: str, config_digest: st
     return "|".join([arch.sha, gate_set, box, config_digest])
 
 
-def new_record(arch: Archive, box: str, run_id: str) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "run_id": run_id, "kind": "gate", "state": "QUEUED",
-            "head": {"rev": arch.rev, "sha": arch.sha, "repo": arch.repo},
-            "created_at": db.utc_now(), "finished_at": None,
-            "box": {"name": box, "node_id": None, "gpu": None, "backend": None},
-            "provenance": {"md5_head": arch.md5, "md5_box": None, "archive_bytes": len(arch.tarball)},
-            "lock": None, "idle": None, "sacred": None, "gate_set": None, "build": None, "versions": None, "suites": [], "mutations": [],
-            "grid": None, "residency": None, "not_run": [], "error": None, "timings": {}, "report_path": None}
+def new_record(arch: Archive, box: str, run_id: str) -> Record:
+    return Record(run_id=run_id, state="QUEUED", head=Head(rev=arch.rev, sha=arch.sha, repo=arch.repo),
+                  created_at=db.utc_now(), box=Box(name=box),
+                  provenance=Provenance(md5_driver=arch.md5, archive_bytes=len(arch.tarball)))
 
 
 def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, grid: str | None = None,
              force: bool = False, progress: Progress = lambda ev: None, address: str | None = None,
-             hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False) -> dict:
+             hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False) -> Record:
     """Gate `rev` of `repo` on `box`; the stored record (an earlier identical one unless `force`)."""
     t0 = time.monotonic()
     box_cfg = config.box(box)
@@ -92,12 +86,12 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
         key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred, accept_gate_change,
                               config.trusted_root)
         if not force and (done := db.find_reusable(conn, key)) is not None:
-            progress({"event": "reused", "run_id": done["run_id"], "state": done["state"]})
+            progress({"event": "reused", "run_id": done.run_id, "state": done.state})
             return done
         record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
-        record["timings"]["archive_s"] = round(archive_s, 3)
+        record.timings["archive_s"] = round(archive_s, 3)
         db.insert_queued(conn, record, key)
-        spec = JobSpec(record["run_id"], arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
+        spec = JobSpec(record.run_id, arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
                        config.timeouts.lock_s, config.timeouts.idle_wait_s,
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
                        str(config.trusted_root) if config.trusted_root else None, accept_sacred,
@@ -107,7 +101,7 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
         conn.close()
 
 
-def _run_on_ray(config, spec, arch, record, conn, progress, address, t0) -> dict:
+def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0) -> Record:
     """Place the job, then store the result while Ray is still up (a stored result is never LOST)."""
     started_ray = False
     try:
@@ -116,7 +110,7 @@ def _run_on_ray(config, spec, arch, record, conn, progress, address, t0) -> dict
     except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: the box's job was cancelled (its groups died)
-        record["error"] = "interrupted on the driver; the job was cancelled"
+        record.error = "interrupted on the driver; the job was cancelled"
     try:
         return finish_run(config, conn, record, t0)
     finally:
@@ -124,33 +118,46 @@ def _run_on_ray(config, spec, arch, record, conn, progress, address, t0) -> dict
             ray.shutdown()
 
 
-def finish_run(config: Config, conn, record: dict, t0: float) -> dict:
+def finish_run(config: Config, conn, record: Record, t0: float) -> Record:
     """End a run and store it: the final state (`decide`, a LOST record stays LOST), finished_at and
-    total_s (from monotonic `t0`), the HTML report rendered, then the row and the owed-ledger sync in
-    one transaction, then the report again with the open owed items and the index. Returns `record`.
-    A report failure lands in not_run; it never loses the result."""
-    if record["state"] != "LOST":
-        record["state"] = decide(record)
-    record["shown_state"] = shown_state(record)  # PASSED (partial: ...) when a manifest suite did not run
-    record["finished_at"] = db.utc_now()
-    record["timings"]["total_s"] = round(time.monotonic() - t0, 3)
-    record["report_path"] = _render(record, config.reports_dir)
+    total_s (from monotonic `t0`), then the row and the owed-ledger sync in one transaction, then the
+    HTML report, rendered once, with the open owed items that sync left for its head, and the index.
+    Returns `record`. A report failure lands in not_run (and the row); it never loses the result."""
+    if record.state != "LOST":
+        record.state = decide(record)
+    record.finished_at = db.utc_now()
+    record.timings["total_s"] = round(time.monotonic() - t0, 3)
+    record.report_path = str(Path(config.reports_dir) / _report_name(record))  # where it will be
     db.finish(conn, record, sync=_owed_sync())
-    _render_index(conn, config.reports_dir, record)
+    if not _render(conn, record, config.reports_dir):
+        record.report_path = None
+        db.store(conn, record)  # the row says why there is no report
+    _render_index(conn, config.reports_dir)
     return record
 
 
-def _render(record: dict, reports_dir) -> str | None:
+def _report_name(record: Record) -> str:
     try:
+        from orchestrator.report.render import report_name
+    except ModuleNotFoundError:
+        return f"{record.run_id}.html"
+    return report_name(record.run_id)
+
+
+def _render(conn, record: Record, reports_dir) -> bool:
+    """Write the run's report with the open owed items of its head; False (and a not_run item) if not."""
+    try:
+        from orchestrator.owed import list_open
         from orchestrator.report.render import render_run
     except ModuleNotFoundError:
-        record["not_run"].append({"what": "HTML report", "why": "orchestrator.report is not installed"})
-        return None
+        record.not_run.append(NotRun(what="HTML report", why="orchestrator.report is not installed"))
+        return False
     try:
-        return str(render_run(record, reports_dir))
+        render_run(record, reports_dir, owed=list_open(conn, record.head.sha))
+        return True
     except Exception as e:  # a report bug must not lose a gate result
-        record["not_run"].append({"what": "HTML report", "why": f"rendering failed: {type(e).__name__}: {e}"})
-        return None
+        record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
+        return False
 
 
 def _owed_sync():
@@ -161,16 +168,12 @@ def _owed_sync():
     return sync_from_record
 
 
-def _render_index(conn, reports_dir, record: dict) -> None:
+def _render_index(conn, reports_dir) -> None:
     try:
         from orchestrator.report.render import render_index
     except ModuleNotFoundError:
         return
     try:
-        if record.get("report_path"):  # again, now with the open owed-ledger items of this head (synced in finish)
-            from orchestrator.owed import list_open
-            from orchestrator.report.render import render_run
-            render_run(record, reports_dir, owed=list_open(conn, record["head"]["sha"]))
         render_index(db.list_runs(conn, 500), reports_dir)
     except Exception:  # the index is a convenience; the run's own page and row are already written
         pass

@@ -21,6 +21,7 @@ import ray.exceptions
 from orchestrator import db
 from orchestrator.box.job import JobSpec, run_job
 from orchestrator.config import BoxConfig, Config
+from orchestrator.record import BoxResult, Record
 
 
 QUEUE_NOTE_S = 30.0  # how often a job queued behind another on its box says so
@@ -42,7 +43,7 @@ class Interrupted(Exception):
 PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError)
 
 
-def place(config: Config, conn, spec: JobSpec, arch, record: dict, progress: Callable[[dict], None],
+def place(config: Config, conn, spec: JobSpec, arch, record: Record, progress: Callable[[dict], None],
           on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False) -> None:
     """Run the job on its box and fold its result (or why there is none: LOST, ERROR) into `record`.
     Beats the row's heartbeat while it waits. On a stop or Ctrl-C the box's task is cancelled, and
@@ -51,13 +52,13 @@ def place(config: Config, conn, spec: JobSpec, arch, record: dict, progress: Cal
 
     def on_event(ev: dict) -> None:
         if ev["event"] == "started":
-            record["box"].update(name=ev["name"], node_id=ev["node_id"])
+            record.box.name, record.box.node_id = ev["name"], ev["node_id"]
             db.mark_running(conn, record, ev["task_id"])
             on_started()
         progress(ev)
 
     def tick() -> None:
-        db.beat(conn, record["run_id"])
+        db.beat(conn, record.run_id)
         if stop():
             raise Interrupted()
     try:
@@ -67,38 +68,24 @@ def place(config: Config, conn, spec: JobSpec, arch, record: dict, progress: Cal
         put_s = time.monotonic() - t
         gen = submit(spec, ref)
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
-        merge_result(record, parts, put_s)
+        record.merge(parts, put_s)
     except PLACEMENT_FAILURES as e:
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):
         cancel(gen)
         raise
     except Exception as e:  # a driver-side bug must still end the row, not leave it RUNNING
-        record["error"] = f"driver error while running the job: {type(e).__name__}: {e}"
+        record.error = f"driver error while running the job: {type(e).__name__}: {e}"
 
 
-def note_placement_failure(record: dict, e: BaseException) -> None:
+def note_placement_failure(record: Record, e: BaseException) -> None:
     """What a failure to place or finish the box's job means for the record."""
     if isinstance(e, JobLost):
-        record["state"], record["error"] = "LOST", str(e)
+        record.state, record.error = "LOST", str(e)
     elif isinstance(e, ray.exceptions.TaskCancelledError):
-        record["error"] = "the job was cancelled"
+        record.error = "the job was cancelled"
     else:
-        record["error"] = str(e)
-
-
-def merge_result(record: dict, parts: dict, put_s: float) -> None:
-    """Fold the box's part of a run (`job.run_job`'s result, as `stream` returns it) into `record`,
-    in place: box identity, provenance, not_run appended, every other part set, and the box's timings
-    with `fetch_s` replaced by `transfer_s` (the driver's `ray.put` plus the box's fetch).
-    Pops the parts it merges field by field from `parts`."""
-    timings = parts.pop("timings", {})
-    record["box"].update(parts.pop("box"))
-    record["provenance"].update(parts.pop("provenance", {}))
-    record["not_run"].extend(parts.pop("not_run", []))
-    record.update(parts)
-    record["timings"].update({k: v for k, v in timings.items() if k != "fetch_s"})
-    record["timings"]["transfer_s"] = round(put_s + timings.get("fetch_s", 0.0), 3)
+        record.error = str(e)
 
 
 def cancel(gen) -> None:
@@ -197,7 +184,7 @@ def submit(spec: JobSpec, tarball_ref) -> "ray.ObjectRefGenerator":
 
 
 def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], None],
-           on_event: Callable[[dict], None]) -> dict:
+           on_event: Callable[[dict], None]) -> BoxResult:
     """Drive the job: pass events to `on_event`, call `tick` (the heartbeat) every `tick_s`, return the
     box's record parts. PlacementError when the box never starts it; JobLost when the box dies."""
     started, t0, noted = False, time.monotonic(), -QUEUE_NOTE_S

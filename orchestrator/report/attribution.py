@@ -8,6 +8,7 @@ Renders from the record alone; a record without attribution (older runs) has no 
 """
 from __future__ import annotations
 
+from orchestrator.record import Record
 from orchestrator.report.claims import cell_label, grid_cells
 from orchestrator.report.errors import ReportError
 
@@ -80,7 +81,7 @@ def _cell(i: int, cell: dict, with_plots: bool) -> dict:
     return out
 
 
-def section(record: dict, with_plots: bool = True) -> list[dict] | None:
+def section(record: Record, with_plots: bool = True) -> list[dict] | None:
     """One entry per grid cell that carries an attribution; None when no cell does."""
     cells = [_cell(i, c, with_plots) for i, c in enumerate(grid_cells(record)) if c.get("attribution")]
     return cells or None

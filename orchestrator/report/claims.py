@@ -11,6 +11,7 @@ an owed item can never slip under Established in one of them and not the others.
 from __future__ import annotations
 
 from grids.verdict import MIN_CLAIM_LEGS
+from orchestrator.record import Record
 from orchestrator.report.errors import ReportError
 
 
@@ -35,14 +36,13 @@ def cell_label(cell: dict) -> str:
     return str(cell.get("label") or cell_key(cell))
 
 
-def grid_cells(record: dict) -> list[dict]:
-    """The record's grid cells, or [] when no grid ran."""
-    grid = record.get("grid")
-    if not grid:
+def grid_cells(record: Record) -> list[dict]:
+    """The record's grid cells (grids.runner's JSON), or [] when no grid ran."""
+    if not record.grid:
         return []
-    cells = grid.get("cells")
+    cells = record.grid.get("cells")
     if not isinstance(cells, list):
-        raise ReportError(f"run {record.get('run_id')}: grid.cells: expected a list, found {type(cells).__name__}")
+        raise ReportError(f"run {record.run_id}: grid.cells: expected a list, found {type(cells).__name__}")
     return cells
 
 
@@ -139,7 +139,7 @@ def _ratio_text(magnitude: dict) -> str:
     return f"{ratio:.4f}"
 
 
-def claims(record: dict) -> tuple[list[dict], list[dict]]:
+def claims(record: Record) -> tuple[list[dict], list[dict]]:
     """(established, owed) over every grid cell of the record, then the gates it owes
     (`gate_claims`); each claim carries where it was measured (`backend`, `gpu`), part of its
     identity in the ledger."""
@@ -159,61 +159,59 @@ UNKNOWN = "unknown"
 BACKEND_OF_NEED = {"cuda": "cuda"}
 
 
-def where_measured(record: dict, cell: dict | None) -> tuple[str, str]:
+def where_measured(record: Record, cell: dict | None) -> tuple[str, str]:
     """(backend, GPU model) a cell's legs were measured on: the arms' backend when the grid recorded
     it (a CPU grid can run on a GPU box), else the box's; the GPU model only for a CUDA measurement."""
-    box = record.get("box") or {}
+    box = record.box
     arm_backends = {((a or {}).get("options") or {}).get("backend") for a in ((cell or {}).get("arms") or {}).values()}
     backend = arm_backends.pop() if len(arm_backends) == 1 and None not in arm_backends else None
-    backend = backend or box.get("backend") or UNKNOWN
-    gpu = (box.get("gpu") or UNKNOWN) if backend == "cuda" else NO_GPU
+    backend = backend or box.backend or UNKNOWN
+    gpu = (box.gpu or UNKNOWN) if backend == "cuda" else NO_GPU
     return backend, gpu
 
 
-def gate_claims(record: dict) -> tuple[list[dict], list[dict]]:
+def gate_claims(record: Record) -> tuple[list[dict], list[dict]]:
     """(ran, owed) for the suites that need a backend: one this box lacked is owed ("CUDA gates not
     run on <sha>", the seed's "CUDA re-run owed") until a run of the same head on a box of that
     backend runs it; one this box ran settles it, whatever its state (a red one fails that run)."""
-    box = record.get("box") or {}
-    sha = ((record.get("head") or {}).get("sha") or "?")[:12]
+    box = record.box
+    sha = (record.head.sha or "?")[:12]
     ran, owed = [], []
-    for s in record.get("suites") or []:
-        for need in s.get("needs") or []:
+    for s in record.suites:
+        for need in s.needs:
             backend = BACKEND_OF_NEED.get(need)
             if backend is None:
                 continue
-            base = {"what": "gate", "cell": f"suite {s.get('name')}", "label": s.get("name"), "legs": {},
+            base = {"what": "gate", "cell": f"suite {s.name}", "label": s.name, "legs": {},
                     "ratio": None, "ci": None, "p": None, "legs_needed": None}
-            if s.get("state") == "NOT_RUN" and box.get("backend") != backend:
+            if s.state == "NOT_RUN" and box.backend != backend:
                 owed.append({**base, "backend": backend, "gpu": ANY_GPU, "state": "not run",
-                             "reasons": [f"{backend.upper()} gates not run on {sha}: {s.get('name')} needs "
-                                         f"{need}; box {box.get('name') or '?'} has backend "
-                                         f"{box.get('backend') or '?'}"],
+                             "reasons": [f"{backend.upper()} gates not run on {sha}: {s.name} needs {need}; "
+                                         f"box {box.name or '?'} has backend {box.backend or '?'}"],
                              "text": f"{backend.upper()} re-run owed"})
-            elif s.get("state") in ("GREEN", "RED", "TIMEOUT") and box.get("backend") == backend:
-                ran.append({**base, "backend": backend, "gpu": box.get("gpu") or UNKNOWN, "state": "ran",
-                            "text": f"suite {s.get('name')} ran: {s.get('state')}"})
+            elif s.state in ("GREEN", "RED", "TIMEOUT") and box.backend == backend:
+                ran.append({**base, "backend": backend, "gpu": box.gpu or UNKNOWN, "state": "ran",
+                            "text": f"suite {s.name} ran: {s.state}"})
     return ran, owed
 
 
-def not_run(record: dict) -> list[dict]:
+def not_run(record: Record) -> list[dict]:
     """Everything configured but not run, from the record; a non-CUDA box says so plainly."""
-    items = [dict(i) for i in record.get("not_run") or []]
-    for s in record.get("suites") or []:
-        names = {s.get("name"), f"suite {s.get('name')}"}
-        if s.get("state") == "NOT_RUN" and not any(i.get("what") in names for i in items):
-            items.append({"what": f"suite {s.get('name')}", "why": s.get("why") or "not run"})
-    mentions_pins = any("mutation" in str(i.get("what")) for i in items)
-    if not record.get("mutations") and not mentions_pins and record.get("suites"):
+    items = [{"what": i.what, "why": i.why} for i in record.not_run]
+    for s in record.suites:
+        names = {s.name, f"suite {s.name}"}
+        if s.state == "NOT_RUN" and not any(i["what"] in names for i in items):
+            items.append({"what": f"suite {s.name}", "why": s.why or "not run"})
+    mentions_pins = any("mutation" in str(i["what"]) for i in items)
+    if not record.mutations and not mentions_pins and record.suites:
         items.append({"what": "mutation pins", "why": "no pin was applied in this gate (mutations: off); "
                                                       "`orchestrator mutate --head REV --all` runs them"})
-    grid = record.get("grid") or {}
+    grid = record.grid or {}
     if grid and grid.get("complete") is False:
         items.append({"what": f"grid {grid.get('spec', '?')}",
                       "why": "interrupted before its last leg: only the legs it finished are judged"})
-    box = record.get("box") or {}
-    mentions_cuda = any("cuda" in f"{i.get('what')} {i.get('why')}".lower() for i in items)
-    if box.get("backend") and box.get("backend") != "cuda" and not mentions_cuda:
-        items.append({"what": "no CUDA gate was run",
-                      "why": f"this box has no GPU (backend {box.get('backend')})"})
+    backend = record.box.backend
+    mentions_cuda = any("cuda" in f"{i['what']} {i['why']}".lower() for i in items)
+    if backend and backend != "cuda" and not mentions_cuda:
+        items.append({"what": "no CUDA gate was run", "why": f"this box has no GPU (backend {backend})"})
     return items

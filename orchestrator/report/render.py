@@ -13,7 +13,7 @@ import jinja2
 
 from orchestrator.report import headline
 from orchestrator.report import view
-from orchestrator.report.errors import ReportError
+from orchestrator.record import Record
 
 _TEMPLATES = Path(__file__).with_name("templates")
 
@@ -88,37 +88,34 @@ def write_atomic(path: Path, text: str) -> Path:
     return path
 
 
-def html(record: dict, owed: list[dict] | None = None) -> str:
+def html(record: Record | dict, owed: list[dict] | None = None) -> str:
     return _HTML.get_template("run.html.j2").render(v=view.build(record, owed))
 
 
-def render_run(record: dict, reports_dir, owed: list[dict] | None = None) -> Path:
+def render_run(record: Record | dict, reports_dir, owed: list[dict] | None = None) -> Path:
     """Write `<reports_dir>/<run_id>.html`; `owed` = the open ledger items for the run's head."""
+    record = view.record_of(record)
     text = html(record, owed)
-    return write_atomic(Path(reports_dir) / report_name(record["run_id"]), text)
+    return write_atomic(Path(reports_dir) / report_name(record.run_id), text)
 
 
-def _index_row(record: dict, reports_dir: Path) -> dict:
-    if not isinstance(record, dict) or not record.get("run_id"):
-        raise ReportError(f"index: a run record without run_id: {str(record)[:80]!r}")
+def _index_row(record: Record | dict, reports_dir: Path) -> dict:
+    r = view.record_of(record)
     # The sibling page when it is there (the index lives beside the pages); else where the run wrote it.
-    path, sibling = record.get("report_path"), report_name(record["run_id"])
+    path, sibling = r.report_path, report_name(r.run_id)
     link = sibling if (reports_dir / sibling).is_file() else os.path.relpath(path, reports_dir) if path else None
-    head = record.get("head") or {}
-    return {"run_id": record["run_id"], "state": headline.shown_state(record) if record.get("state") else "?",
-            "cls": headline.state_class(record), "link": link,
-            "sha": (head.get("sha") or "")[:12], "rev": head.get("rev"),
-            "box": (record.get("box") or {}).get("name"),
-            "date": view.when(record.get("created_at")) or "", "error": record.get("error")}
+    return {"run_id": r.run_id, "state": r.shown_state, "cls": headline.state_class(r), "link": link,
+            "sha": (r.head.sha or "")[:12], "rev": r.head.rev, "box": r.box.name,
+            "date": view.when(r.created_at) or "", "error": r.error}
 
 
-def render_index(records: list[dict], reports_dir) -> Path:
+def render_index(records: list[Record | dict], reports_dir) -> Path:
     """Write `<reports_dir>/index.html`: every run, newest first."""
     reports_dir = Path(reports_dir)
     rows = sorted((_index_row(r, reports_dir) for r in records), key=lambda r: r["date"], reverse=True)
     return write_atomic(reports_dir / "index.html", _HTML.get_template("index.html.j2").render(rows=rows))
 
 
-def render_markdown(record: dict, owed: list[dict] | None = None) -> str:
+def render_markdown(record: Record | dict, owed: list[dict] | None = None) -> str:
     """The report as a PR body: Measured, Established, Owed, Not run."""
     return _MD.get_template("run.md.j2").render(v=view.build(record, owed, with_plots=False))

@@ -14,6 +14,7 @@ The measured residency in the record (one backend, one arm) is checked against t
 """
 from __future__ import annotations
 
+from orchestrator.record import Record
 from orchestrator.report.errors import ReportError
 
 # (backend, label, has an fp4 GEMM)
@@ -45,16 +46,13 @@ def resident(cls: str, n: int, k: int, arm: str, fp4_gemm: bool, fmt: str = "nvf
     return (packed, 0) if fp4_gemm else (packed, bf16_bytes(n, k))
 
 
-def measurements(record: dict) -> list[dict]:
-    """The record's residency readings: `engine info` residency + backend and arm; one or a list."""
-    res = record.get("residency")
-    if not res:
-        return []
-    items = res if isinstance(res, list) else [res]
+def measurements(record: Record) -> list[dict]:
+    """The record's residency readings: `engine info` residency + backend and arm, one per arm."""
+    items = record.residency or []
     for i, m in enumerate(items):
         found = m.get("weights") if isinstance(m, dict) else m
         if not isinstance(found, list):
-            raise ReportError(f"run {record.get('run_id')}: residency[{i}].weights: expected a list of "
+            raise ReportError(f"run {record.run_id}: residency[{i}].weights: expected a list of "
                               f"weights, found {found!r:.80}")
     return items
 
@@ -109,7 +107,7 @@ def check(m: dict) -> list[dict]:
     return out
 
 
-def section(record: dict) -> dict | None:
+def section(record: Record) -> dict | None:
     """The residency section of a report, or None when the record carries no residency. Every model
     row is computed; each says whether this box measured its backend too, and whether that agreed."""
     ms = measurements(record)

@@ -1,12 +1,14 @@
 """The view of a run record: plain data the templates lay out, computed from the stored record alone.
 
-Knows nothing about HTML or Markdown; the templates do the layout. Missing fields of a partial record
-(an ERROR run stops early) render as absent, never as a crash; a record without `run_id` or `state`
-is refused, naming the field.
+Knows nothing about HTML or Markdown; the templates do the layout. It reads the typed record
+(`orchestrator/record.py`); given a stored JSON dict, it reads it through `Record.from_json` first.
+Missing parts of a partial record (an ERROR run stops early) render as absent, never as a crash; a
+record that is not one (no `run_id` or `state`, a field of the wrong type) is refused, naming the field.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 
@@ -14,32 +16,29 @@ from orchestrator.report import headline
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
+from orchestrator.record import Part, Record, RecordError
 from orchestrator.report.errors import ReportError
 
 DEFAULT_TOLERANCE = 0.02  # grids.verdict's default, used when the record does not carry its policy
-# The DESIGN keys of the record's parts; a partial record gets them as None, so templates stay strict.
-_KEYS = {
-    "box": ("name", "node_id", "gpu", "backend"),
-    "lock": ("path", "wait_s"),
-    "idle": ("checked", "idle", "detail"),
-    "suite": ("name", "sacred", "state", "tests_passed", "tests_total", "checks_passed", "checks_total",
-              "census_tests", "census_checks", "duration_s", "failures", "sacred_modified", "why", "reasons"),
-    "mutation": ("pin", "suite", "state", "failures", "expected_min", "detail"),
-    "head": ("rev", "sha", "repo"),
-    "ledger": ("id", "what", "cell", "backend", "gpu", "label", "reason", "legs_needed", "opened_by"),
-}
+# The keys of an owed-ledger row the templates read; a row lacking one gets None, so templates stay strict.
+_LEDGER_KEYS = ("id", "what", "cell", "backend", "gpu", "label", "reason", "legs_needed", "opened_by")
 
 
-def _part(kind: str, value) -> dict:
-    return {**dict.fromkeys(_KEYS[kind]), **(value or {})}
-
-
-def _require(record: dict) -> None:
-    if not isinstance(record, dict):
-        raise ReportError(f"run record: expected a mapping, found {type(record).__name__}")
+def record_of(record: Record | dict) -> Record:
+    """The typed record; a stored JSON dict is read (and migrated) first. ReportError naming the field."""
+    try:
+        record = Record.of(record)
+    except RecordError as e:
+        raise ReportError(str(e)) from None
     for field in ("run_id", "state"):
-        if not record.get(field):
-            raise ReportError(f"run record {record.get('run_id', '?')}: field {field!r} missing")
+        if not getattr(record, field):
+            raise ReportError(f"run record {record.run_id or '?'}: field {field!r} missing")
+    return record
+
+
+def _part(part: Part | None) -> dict:
+    """A record part as the templates read it: every field by its attribute name (None when absent)."""
+    return {} if part is None else {f.name: getattr(part, f.name) for f in dataclasses.fields(part) if f.name != "extra"}
 
 
 def when(value) -> str | None:
@@ -51,11 +50,12 @@ def when(value) -> str | None:
     return str(value)
 
 
-def _markers(build: dict) -> list[dict]:
+def _markers(build) -> list[dict]:
     """Required markers (a required marker is a prefix of the line the build prints) with the line
     that satisfied each, then the other marker lines the build printed."""
-    lines, missing = build.get("markers") or [], set(build.get("missing") or [])
-    required = list(build.get("required") or []) + sorted(missing - set(build.get("required") or []))
+    lines, missing = (build.markers, set(build.missing)) if build else ([], set())
+    declared = build.required if build else []
+    required = list(declared) + sorted(missing - set(declared))
     rows = []
     for m in required:
         line = next((x for x in lines if x.startswith(m)), None)
@@ -64,38 +64,37 @@ def _markers(build: dict) -> list[dict]:
     return rows + [{"marker": x, "required": False, "present": True, "line": x} for x in lines if x not in used]
 
 
-def provenance(record: dict) -> dict:
-    prov, build = record.get("provenance") or {}, record.get("build") or {}
-    md5_head, md5_box = prov.get("md5_head"), prov.get("md5_box")
-    return {"sha": (record.get("head") or {}).get("sha"), "md5_head": md5_head, "md5_box": md5_box,
-            "md5_match": None if not (md5_head and md5_box) else md5_head == md5_box,
-            "archive_bytes": prov.get("archive_bytes"), "box": _part("box", record.get("box")),
-            "lock": _part("lock", record.get("lock")) if record.get("lock") else None,
-            "idle": _part("idle", record.get("idle")),
-            "markers": _markers(build), "build_s": build.get("duration_s"),
-            "build_output": build.get("output_tail"),
-            "versions": record.get("versions") or {}, "timings": record.get("timings") or {}}
+def provenance(record: Record) -> dict:
+    prov, build = record.provenance, record.build
+    md5_driver, md5_box = prov.md5_driver, prov.md5_box
+    return {"sha": record.head.sha, "md5_driver": md5_driver, "md5_box": md5_box,
+            "md5_match": None if not (md5_driver and md5_box) else md5_driver == md5_box,
+            "archive_bytes": prov.archive_bytes, "box": _part(record.box),
+            "lock": _part(record.lock) if record.lock else None,
+            "idle": _part(record.idle) if record.idle else {"checked": None, "idle": None, "detail": None},
+            "markers": _markers(build), "build_s": build.duration_s if build else None,
+            "build_output": build.output_tail if build else None,
+            "versions": record.versions or {}, "timings": record.timings}
 
 
-def _census(s: dict) -> dict:
+def _census(suite) -> dict:
     """A suite row with census verdicts: a suite that ran fewer tests/checks than its census is red."""
     def ok(total, census):
         return None if census in (None, 0) or total is None else total >= census
-    s = _part("suite", s)
-    s["failures"] = [{"test": None, "message": None, **f} for f in s["failures"] or []]
-    return {**s, "tests_vs_census": ok(s.get("tests_total"), s.get("census_tests")),
-            "checks_vs_census": ok(s.get("checks_total"), s.get("census_checks"))}
+    s = _part(suite)
+    return {**s, "tests_vs_census": ok(s["tests_total"], s["census_tests"]),
+            "checks_vs_census": ok(s["checks_total"], s["census_checks"])}
 
 
-def _tolerance(record: dict, cell: dict) -> float:
+def _tolerance(record: Record, cell: dict) -> float:
     """The cell verdict's own policy first (judge records it), then the grid's, then the default."""
-    for policy in ((cell.get("verdict") or {}).get("policy"), (record.get("grid") or {}).get("policy")):
+    for policy in ((cell.get("verdict") or {}).get("policy"), (record.grid or {}).get("policy")):
         if policy and policy.get("tolerance"):
             return float(policy["tolerance"])
     return DEFAULT_TOLERANCE
 
 
-def cells(record: dict, with_plots: bool = True) -> list[dict]:
+def cells(record: Record, with_plots: bool = True) -> list[dict]:
     """Per grid cell: its key, arms (legs, median, spread), claims, and the plot."""
     if with_plots:  # matplotlib loads only to draw: the ledger and the Markdown body never pay for it
         from orchestrator.report import plots
@@ -114,10 +113,9 @@ def cells(record: dict, with_plots: bool = True) -> list[dict]:
     return out
 
 
-def raw_legs(record: dict) -> dict:
+def raw_legs(record: Record) -> dict:
     """Every leg of every arm (with the bench JSON of each leg when the runner kept it)."""
-    return {"run_id": record["run_id"], "head": record.get("head"),
-            "spec": (record.get("grid") or {}).get("spec"),
+    return {"run_id": record.run_id, "head": record.head.to_json(), "spec": (record.grid or {}).get("spec"),
             "cells": [{"cell": c.get("cell"), "arms": c.get("arms"), "verdict": c.get("verdict")}
                       for c in claims_mod.grid_cells(record)]}
 
@@ -127,14 +125,14 @@ def data_uri(obj) -> str:
     return "data:application/json;base64," + base64.b64encode(payload).decode()
 
 
-def _sacred_modified(record: dict) -> dict | None:
+def _sacred_modified(record: Record) -> dict | None:
     """Sacred suites this head modified (from the suites' flags and the record's sacred check)."""
-    sacred = record.get("sacred") or {}
-    names = [s["name"] for s in record.get("suites") or [] if s.get("sacred_modified")]
-    names += [n for n in sacred.get("modified") or [] if n not in names]
+    sacred = record.sacred
+    names = [s.name for s in record.suites if s.sacred_modified]
+    names += [n for n in (sacred.modified if sacred else []) if n not in names]
     if not names:
         return None
-    return {"names": names, "accepted": bool(sacred.get("accepted")), "message": sacred.get("message")}
+    return {"names": names, "accepted": bool(sacred and sacred.accepted), "message": sacred.message if sacred else None}
 
 
 def tally(suites: list[dict], mutations: list[dict], established: list, owed: list, not_run: list,
@@ -149,35 +147,35 @@ def tally(suites: list[dict], mutations: list[dict], established: list, owed: li
     return line + (f"; sacred suites modified: {', '.join(sacred['names'])}" if sacred else "")
 
 
-def _gate_set(record: dict) -> dict | None:
+def _gate_set(record: Record) -> dict | None:
     """How the head changed the trusted gate set (dropped suites, lowered census), when it did."""
-    gs = record.get("gate_set") or {}
-    if not gs.get("changes"):
+    gs = record.gate_set
+    if gs is None or not gs.changes:
         return None
-    return {"changes": gs["changes"], "accepted": bool(gs.get("accepted")), "message": gs.get("message")}
+    return {"changes": gs.changes, "accepted": gs.accepted, "message": gs.message}
 
 
-def build(record: dict, owed: list[dict] | None = None, with_plots: bool = True) -> dict:
+def build(record: Record | dict, owed: list[dict] | None = None, with_plots: bool = True) -> dict:
     """Everything a report shows, in section order."""
-    _require(record)
+    record = record_of(record)
     established, owed_claims = claims_mod.claims(record)
-    head = _part("head", record.get("head"))
+    head = _part(record.head)
     cell_views = cells(record, with_plots)
-    suites = [_census(s) for s in record.get("suites") or []]
-    mutations = [_part("mutation", m) for m in record.get("mutations") or []]
+    suites = [_census(s) for s in record.suites]
+    mutations = [_part(m) for m in record.mutations]
     skipped = claims_mod.not_run(record)
-    ledger = None if owed is None else [_part("ledger", o) for o in owed]
+    ledger = None if owed is None else [{**dict.fromkeys(_LEDGER_KEYS), **o} for o in owed]
     # the ledger rows this run's own claims stand for: same cell, claim and place of measurement
     mine = {(c["cell"], c["what"], c["backend"], c["gpu"]) for c in owed_claims}
     return {
-        "run_id": record["run_id"], "state": record["state"], "error": record.get("error"),
-        "shown_state": headline.shown_state(record), "state_class": headline.state_class(record),
-        "partial": headline.is_partial(record),
+        "run_id": record.run_id, "state": record.state, "error": record.error,
+        "shown_state": record.shown_state, "state_class": headline.state_class(record),
+        "partial": record.is_partial,
         "ran": [s["name"] for s in suites if s["state"] != "NOT_RUN"],
         "gate_set": _gate_set(record),
         "head": head, "short": (head.get("sha") or "")[:12] or head.get("rev") or "?",
-        "box": _part("box", record.get("box")),
-        "date": when(record.get("finished_at") or record.get("created_at")),
+        "box": _part(record.box),
+        "date": when(record.finished_at or record.created_at),
         "provenance": provenance(record),
         "suites": suites, "mutations": mutations,
         "tally": tally(suites, mutations, established, owed_claims, skipped, _sacred_modified(record)),

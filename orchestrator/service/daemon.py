@@ -28,6 +28,7 @@ from orchestrator.service import queue as service_queue
 from orchestrator.config import Config, ConfigError
 from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
 from orchestrator.driver.provenance import ProvenanceError, resolve
+from orchestrator.record import Record
 from orchestrator.service.schedule import Clock, Schedule, Scheduler, SystemClock
 from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, run_queued
 
@@ -48,14 +49,14 @@ class Backend:
         finally:
             conn.close()
 
-    def runs(self, limit: int) -> list[dict]:
+    def runs(self, limit: int) -> list[Record]:
         with self._conn() as conn:
             return db.list_runs(conn, limit)
 
     def run(self, run_id: str) -> dict:
         with self._conn() as conn:
             try:
-                return db.get(conn, run_id)
+                return db.get(conn, run_id).to_json()
             except KeyError as e:
                 raise NotFound(e.args[0]) from None
 
@@ -63,7 +64,7 @@ class Backend:
         with self._conn() as conn:
             return owed.list_open(conn, head)
 
-    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[dict, bool]:
+    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[Record, bool]:
         with self._conn() as conn:
             try:
                 return service_queue.enqueue(conn, self.config, self.repo, head, box, grid, force, "api")
@@ -82,7 +83,7 @@ class Backend:
                 record = db.get(conn, run_id)
             except KeyError as e:
                 raise NotFound(e.args[0]) from None
-            return html(record, owed.list_open(conn, record["head"]["sha"]))
+            return html(record, owed.list_open(conn, record.head.sha))
 
 
 @dataclass
@@ -157,7 +158,7 @@ class Service:
         with _closing(self._connect()) as conn:
             record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, s.box, s.grid, True,
                                               f"schedule:{s.id}")
-        return record["run_id"]
+        return record.run_id
 
     def _work(self, box: str) -> None:
         conn = self._connect()
@@ -239,9 +240,9 @@ def _log_event(ev: dict) -> None:
 def _record_crash(config: Config, conn, run_id: str) -> None:
     try:
         record = db.get(conn, run_id)
-        if record["state"] in db.FINAL:
+        if record.state in db.FINAL:
             return
-        record["error"] = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
+        record.error = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
         gate.finish_run(config, conn, record, time.monotonic())
     except Exception:
         log.exception("could not record the crash of run %s", run_id)

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from orchestrator.service import auth
+from orchestrator.record import Record
 
 log = logging.getLogger("regate.http")
 
@@ -82,14 +83,13 @@ class Backend(Protocol):
     def report_html(self, run_id: str) -> str: ...  # NotFound when unknown
 
 
-def summary(record: dict) -> dict:
+def summary(record: Record | dict) -> dict:
     """The part of a run record a list shows; the whole record is one GET /api/runs/<id> away."""
-    head, box, grid = record.get("head") or {}, record.get("box") or {}, record.get("grid") or {}
-    return {"run_id": record.get("run_id"), "state": record.get("state"), "kind": record.get("kind"),
-            "head": {"rev": head.get("rev"), "sha": head.get("sha")}, "box": box.get("name"),
-            "grid": grid.get("spec"), "created_at": record.get("created_at"),
-            "finished_at": record.get("finished_at"), "error": record.get("error"),
-            "report": f"/{record.get('run_id')}.html", "api": f"/api/runs/{record.get('run_id')}"}
+    r = Record.of(record)
+    return {"run_id": r.run_id, "state": r.state, "kind": r.kind, "head": {"rev": r.head.rev, "sha": r.head.sha},
+            "box": r.box.name, "grid": (r.grid or {}).get("spec"), "created_at": r.created_at,
+            "finished_at": r.finished_at, "error": r.error, "report": f"/{r.run_id}.html",
+            "api": f"/api/runs/{r.run_id}"}
 
 
 def parse_gate_request(body: bytes) -> dict:

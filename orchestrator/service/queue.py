@@ -12,7 +12,6 @@ job the box had not started is put back in the queue and runs after the restart.
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -24,6 +23,7 @@ from orchestrator.config import Config
 from orchestrator.driver.gate import idempotency_key, new_record
 from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
 from orchestrator.driver.provenance import archive
+from orchestrator.record import Interrupted, Record
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS service_jobs (
@@ -61,7 +61,7 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
 
 
 def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str, box: str | None,
-            grid: str | None, force: bool, source: str) -> tuple[dict, bool]:
+            grid: str | None, force: bool, source: str) -> tuple[Record, bool]:
     """(record, queued): a new QUEUED run, or the existing run the idempotency rule returns.
 
     Raises ConfigError (unknown box), ProvenanceError (unknown revision) or QueueError (unknown grid
@@ -83,15 +83,15 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
         with db.transaction(conn):
             conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at)"
                          " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (record["run_id"], box_cfg.name, arch.repo, arch.sha, grid, source, db.utc_now()))
+                         (record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source, db.utc_now()))
         db.insert_queued(conn, record, key)
     return record, True
 
 
-def _pending(conn: sqlite3.Connection, key: str) -> dict | None:
+def _pending(conn: sqlite3.Connection, key: str) -> Record | None:
     row = conn.execute("SELECT record FROM runs WHERE idem_key = ? AND state IN ('QUEUED', 'RUNNING')"
                        " ORDER BY created_at DESC LIMIT 1", (key,)).fetchone()
-    return json.loads(row[0]) if row else None
+    return db.load(row[0]) if row else None
 
 
 def claim_next(conn: sqlite3.Connection, box: str) -> QueuedJob | None:
@@ -118,14 +118,14 @@ def requeue(conn: sqlite3.Connection, run_id: str) -> None:
         conn.execute("UPDATE service_jobs SET claimed_at = NULL WHERE run_id = ?", (run_id,))
 
 
-def mark_interrupted(conn: sqlite3.Connection, record: dict, why: str) -> None:
+def mark_interrupted(conn: sqlite3.Connection, record: Record, why: str) -> None:
     """Record that the service stopped under a running job: still RUNNING, LOST after the deadline."""
     at = db.utc_now()
-    record["interrupted"] = {"at": at, "why": why}
+    record.interrupted = Interrupted(at=at, why=why)
     with db.transaction(conn):
         conn.execute("UPDATE runs SET record = ? WHERE run_id = ? AND state = 'RUNNING'",
-                     (json.dumps(record), record["run_id"]))
-        conn.execute("UPDATE service_jobs SET interrupted_at = ? WHERE run_id = ?", (at, record["run_id"]))
+                     (db.dump(record), record.run_id))
+        conn.execute("UPDATE service_jobs SET interrupted_at = ? WHERE run_id = ?", (at, record.run_id))
 
 
 def beat_queued(conn: sqlite3.Connection) -> None:
@@ -146,13 +146,11 @@ def reconcile(conn: sqlite3.Connection, stale_s: float) -> list[str]:
             " WHERE r.state = 'RUNNING' AND j.interrupted_at IS NOT NULL AND r.heartbeat < ?",
             (cutoff,)).fetchall()
         for run_id, blob in rows:
-            rec = json.loads(blob)
-            why = (rec.get("interrupted") or {}).get("why", "the service stopped")
-            rec.update(state="LOST", finished_at=db.utc_now(),
-                       error=f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, "
-                             "so the result is unknown")
-            conn.execute("UPDATE runs SET state = 'LOST', finished_at = ?, record = ? WHERE run_id = ?",
-                         (rec["finished_at"], json.dumps(rec), run_id))
+            rec = db.load(blob)
+            why = (rec.interrupted.why if rec.interrupted else None) or "the service stopped"
+            rec.state, rec.finished_at = "LOST", db.utc_now()
+            rec.error = f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, so the result is unknown"
+            db.store(conn, rec)
             lost.append(run_id)
     return lost + db.mark_stale_lost(conn, stale_s)
 
@@ -169,7 +167,7 @@ def has_binding_grid(conn: sqlite3.Connection, sha: str, grid: str, box: str) ->
     """A finished run of `sha` on `box` whose `grid` made every cell's magnitude binding."""
     rows = conn.execute("SELECT record FROM runs WHERE sha = ? AND box = ? AND state IN ('PASSED', 'FAILED')",
                         (sha, box)).fetchall()
-    return any(_binding(json.loads(r[0]).get("grid"), grid) for r in rows)
+    return any(_binding(db.load(r[0]).grid, grid) for r in rows)
 
 
 def _binding(result: dict | None, grid: str) -> bool:

@@ -21,6 +21,7 @@ from orchestrator.config import Config
 from orchestrator.driver import gate
 from orchestrator.driver.placement import CANCEL_WAIT_S, Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import ProvenanceError, archive
+from orchestrator.record import Record
 from orchestrator.service import queue as service_queue
 from orchestrator.service.queue import QueuedJob
 
@@ -46,7 +47,7 @@ class RayHandle:
 
 def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop: threading.Event,
                progress: Callable[[dict], None] = lambda ev: None,
-               stop_reason: Callable[[], str] = lambda: "shutdown") -> dict | None:
+               stop_reason: Callable[[], str] = lambda: "shutdown") -> Record | None:
     """Run `job`; its final record, or None when a stop interrupted it (the row says how)."""
     t0 = time.monotonic()
     record = db.get(conn, job.run_id)
@@ -54,13 +55,13 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
     try:
         arch = archive(job.repo, job.rev)
     except ProvenanceError as e:
-        record["error"] = f"the queued head can no longer be archived: {e}"
+        record.error = f"the queued head can no longer be archived: {e}"
         return gate.finish_run(config, conn, record, t0)
-    if arch.md5 != record["provenance"]["md5_head"]:
-        record["error"] = (f"git archive of {job.rev[:12]} changed between queueing and running: md5 "
-                           f"{record['provenance']['md5_head']} then {arch.md5}; refusing to gate it")
+    if arch.md5 != record.provenance.md5_driver:
+        record.error = (f"git archive of {job.rev[:12]} changed between queueing and running: md5 "
+                        f"{record.provenance.md5_driver} then {arch.md5}; refusing to gate it")
         return gate.finish_run(config, conn, record, t0)
-    spec = JobSpec(run_id=record["run_id"], sha=arch.sha, md5_head=arch.md5, box=box_cfg,
+    spec = JobSpec(run_id=record.run_id, sha=arch.sha, md5_driver=arch.md5, box=box_cfg,
                    build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
                    idle_wait_s=config.timeouts.idle_wait_s,
                    work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
@@ -71,7 +72,7 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
     if started:
         service_queue.mark_interrupted(conn, record, f"the service stopped ({stop_reason()}) while the job ran")
     else:
-        service_queue.requeue(conn, record["run_id"])
+        service_queue.requeue(conn, record.run_id)
     return None
 
 
@@ -80,11 +81,11 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool
     started = [False]
 
     def on_started() -> None:
-        service_queue.mark_started(conn, record["run_id"])
+        service_queue.mark_started(conn, record.run_id)
         started[0] = True
     try:
         ray_handle.ensure(spec.box)
-        place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record["run_id"]}),
+        place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record.run_id}),
               on_started, stop.is_set)
     except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
