@@ -117,3 +117,12 @@ def test_the_gates_report_is_rendered_once_after_the_sync(tmp_path, monkeypatch)
     assert "The owed ledger was not consulted" not in page
     assert 'href="r-gate.html"' in (tmp_path / "index.html").read_text()
     conn.close()
+
+
+@pytest.mark.parametrize("content", [b"not a database at all", b"SQLite format 2\x00" + b"x" * 100])
+def test_report_on_a_file_that_is_no_sqlite_database_exits_2_naming_it(app, tmp_path, content):
+    bogus = tmp_path / "bogus.db"
+    bogus.write_bytes(content)
+    res = run(app, "report", "x", "--db", bogus)
+    assert res.exit_code == 2 and "--db: db_path" in res.output and str(bogus) in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)

@@ -111,3 +111,9 @@ def test_grid_command_bad_spec_exits_2(cli, tmp_path):
     bad.write_text("name: x\nlegs: zero\n")
     r = cli("grid", str(bad))
     assert r.exit_code == 2 and "legs: expected an integer >= 1, found 'zero'" in r.stderr
+
+
+@pytest.mark.parametrize("legs", ["0", "201", "1000000"])
+def test_grid_max_legs_out_of_bounds_exits_2_before_any_leg(cli, legs):
+    res = cli("grid", str(GRIDS / "smoke.yaml"), "--max-legs", legs, "--bench-cmd", f"python3 {FAKE}")
+    assert res.exit_code == 2 and "--max-legs: expected 1..200" in res.output

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from grids.runner import GridError, Progress, run_grid
-from grids.spec import SpecError, load_spec
+from grids.spec import LIMITS, SpecError, load_spec
 from orchestrator.box.grid import runners
 from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
@@ -47,6 +47,8 @@ def grid_cmd(
 ) -> None:
     log = Console(stderr=True, log_path=False)
     try:
+        if max_legs is not None and not 1 <= max_legs <= LIMITS["legs"]:
+            raise SpecError(f"--max-legs: expected 1..{LIMITS['legs']} (grids.spec LIMITS), found {max_legs}")
         spec = load_spec(spec_path)
         if backend is not None:
             spec = spec.with_backend(backend)

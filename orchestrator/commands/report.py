@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from orchestrator import db, owed
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config import ConfigError, check_db_path, load_config
 from orchestrator.record import Record, RecordError
 from orchestrator.report.errors import ReportError
 from orchestrator.report.render import render_index, render_markdown, render_run
@@ -32,6 +32,10 @@ def open_db(config: Path | None, db_path: Path | None) -> tuple[sqlite3.Connecti
     path = Path(db_path or cfg.db_path)
     if not path.is_file():
         raise CommandError(f"no regate database at {path} (give --db PATH or --config FILE)")
+    try:
+        check_db_path(path, "--db" if db_path else str(config or "<built-in defaults>"))
+    except ConfigError as e:  # not a SQLite file, unreadable: named, never a traceback
+        raise CommandError(str(e)) from None
     return db.connect(path), Path(cfg.reports_dir)
 
 
