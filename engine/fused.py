@@ -1,10 +1,11 @@
-"""The fused decode kernels, chosen once per model at build: on CUDA with REGATE_FUSED_DECODE=1.
+"""The fused decode kernels, chosen once per model at build: on CUDA unless REGATE_FUSED_DECODE=0.
 
 kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch ops),
 kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
-kernels/decode_norm.py (residual add + RMSNorm, SiLU * up). Off by default until the 64-layer grid
-has measured them; the torch path stays the reference twin (tests/test_fused_decode.py compares
-them) and the only path on the CPU backend.
+kernels/decode_norm.py (residual add + RMSNorm, SiLU * up). On by default on CUDA since the sacred
+cuda_engine suite passed with them in the GPU gate (docs/BENCHMARKS.md); REGATE_FUSED_DECODE=0 runs
+the torch path, which stays the reference twin (tests/test_fused_decode.py compares them) and the
+only path on the CPU backend.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ENV = "REGATE_FUSED_DECODE"
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     """The kernel functions when this device runs them, else None (the reference path)."""
-    if device.type != "cuda" or os.environ.get(ENV, "0") != "1":
+    if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return None
     from kernels import decode_norm, gdn_decode, paged_attention
 
