@@ -118,6 +118,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
 
     ckpt = tiny()
     prompts = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
+    monkeypatch.setenv(fused.ENV, "0")  # the reference: the torch path, also on CUDA where fused is the default
     ref = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128).generate(prompts, 12)
     calls: dict[str, int] = {}
 
@@ -137,7 +138,18 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
         assert calls["delta_step"] == calls["conv_step"] > 0 and calls["paged_decode_gated"] > 0
+        assert calls["add_rms_norm"] >= 2 * layers and calls["silu_mul"] >= layers  # the eager prefill, at least
     else:
         assert calls["delta_step"] == calls["conv_step"] == steps * 3 and calls["paged_decode_gated"] == steps * 1
-    assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
+        assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
+
+
+def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path(monkeypatch):
+    from engine import fused
+
+    monkeypatch.delenv(fused.ENV, raising=False)
     assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
+    on = fused.fused_kernels(torch.device("cuda"))  # picks functions only; nothing runs on a device here
+    assert on is not None and on.delta_step is gdn_decode.delta_step
+    monkeypatch.setenv(fused.ENV, "0")
+    assert fused.fused_kernels(torch.device("cuda")) is None
