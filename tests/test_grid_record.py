@@ -30,7 +30,8 @@ from orchestrator.commands import owed as owed_cmd  # noqa: E402
 from orchestrator.commands import runs as runs_cmd  # noqa: E402
 
 FAKE_BENCH = Path(__file__).with_name("grid_fake_bench.py")
-ORCH = str(Path(sys.executable).with_name("orchestrator"))  # the console script: the stub's `gates` must not shadow ours
+# The console script: `python -m` would put the stub's own `gates` package ahead of regate's.
+ORCH = str(Path(sys.executable).with_name("orchestrator"))
 
 
 @pytest.fixture

@@ -66,7 +66,8 @@ def test_show_summarises_a_gate(show, cfg):
                  "head     fa6ef3fe0123 (HEAD)  /src/engine",
                  "box      spark  backend cpu, no GPU",
                  "time     created 2026-11-30T07:00:00Z  finished 2026-11-30T07:04:10Z  wall 54.3 s",
-                 "  GREEN    paged_engine (sacred)  235/235 tests, 1314/1314 checks  census 235 tests, 1314 checks  48.5 s",
+                 "  GREEN    paged_engine (sacred)  235/235 tests, 1314/1314 checks"
+                 "  census 235 tests, 1314 checks  48.5 s",
                  "    tallies: undetermined oracle positions 3/120",
                  "  NOT_RUN  packed_gemm  (needs cuda; this box has backend cpu)",
                  "mutation pins: 1/1 killed",

@@ -44,7 +44,8 @@ def runs(config: Optional[str] = typer.Option(None, "--config"),
         return
     table = Table("run", "kind", "state", "head", "box", "created", "suites / grid")
     for r in records:
-        what = " ".join(f"{s.name}:{s.state}" for s in r.suites) or (f"grid {r.grid.get('spec', '?')}" if r.grid else "")
+        grid = f"grid {r.grid.get('spec', '?')}" if r.grid else ""
+        what = " ".join(f"{s.name}:{s.state}" for s in r.suites) or grid
         head = (r.head.sha or "no commit")[:12] + (" dirty" if r.head.dirty else "")
         table.add_row(r.run_id, r.kind, r.shown_state, head, str(r.box.name), str(r.created_at), what)
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes

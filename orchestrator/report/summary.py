@@ -76,7 +76,8 @@ def _head(record: Record) -> Text:
 def _box(record: Record) -> str:
     b = record.box
     gpu = f"GPU {b.gpu}" if b.gpu else "no GPU"
-    return f"box      {b.name or '?'}  backend {b.backend or '?'}, {gpu}" + (f", node {b.node_id[:12]}" if b.node_id else "")
+    node = f", node {b.node_id[:12]}" if b.node_id else ""
+    return f"box      {b.name or '?'}  backend {b.backend or '?'}, {gpu}{node}"
 
 
 def _times(record: Record) -> str:
