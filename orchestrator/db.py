@@ -103,7 +103,7 @@ def insert_queued(conn: sqlite3.Connection, record: Record, idem_key: str) -> No
         conn.execute(
             "INSERT INTO runs (run_id, idem_key, sha, box, state, heartbeat, created_at, record)"
             " VALUES (?, ?, ?, ?, 'QUEUED', ?, ?, ?)",
-            (record.run_id, idem_key, record.head.sha, record.box.name, time.time(), record.created_at,
+            (record.run_id, idem_key, record.head.sha or "", record.box.name, time.time(), record.created_at,
              dump(record)))
 
 

@@ -127,15 +127,18 @@ def _settle(conn, claim: dict, head: str, run_id: str) -> list[int]:
 
 def sync_from_record(conn: sqlite3.Connection, record: Record | dict) -> dict[str, list[int]]:
     """Open rows for what the record leaves owed; settle open rows it establishes on a matching box.
-    Idempotent. A stored JSON dict is read through `Record.from_json` first."""
+    Idempotent. A stored JSON dict is read through `Record.from_json` first. A record of a dirty
+    tree (`head.dirty`, a standalone grid's) neither opens nor settles anything."""
     try:
         record = Record.of(record)
     except RecordError as e:
         raise OwedError(str(e)) from None
     head, run_id = record.head.sha, record.run_id
+    out: dict[str, list[int]] = {"opened": [], "refreshed": [], "settled": []}
+    if record.head.dirty:  # numbers of a tree with uncommitted changes belong to no commit: they owe and settle nothing
+        return out
     if not head or not run_id:
         raise OwedError(f"run record {run_id or '?'}: head.sha and run_id are required to sync the owed ledger")
-    out: dict[str, list[int]] = {"opened": [], "refreshed": [], "settled": []}
     with transaction(conn):
         ensure_schema(conn)
         for established, owed in _claims(record):

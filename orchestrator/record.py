@@ -11,8 +11,10 @@ stored record and `--json` line has carried. Keys this module does not know are 
 written back, so reading and writing a record never loses a field. `grid` (grids.runner.run_grid's
 result) and `residency` (`engine info` readings) are other tools' JSON and stay plain data here.
 
-Versions: 1 (or none) is the record as the dict-building code wrote it; 2 is this module's. A record
-that is not one raises RecordError naming the run and the field.
+Versions: 1 (or none) is the record as the dict-building code wrote it; 2 is this module's; 3 adds the
+kind `grid` (a standalone `orchestrator grid`, `driver/standalone_grid.py`) and `head.dirty`, which a
+version-2 reader would take for a gate and lose. A record that is not one raises RecordError naming
+the run and the field.
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# What a run is: a gate (`orchestrator gate`, the service) or a standalone grid (`orchestrator grid`).
+Kind = Literal["gate", "grid"]
 
 
 class RecordError(ValueError):
@@ -55,6 +59,9 @@ class Head(Part):
     rev: str | None = None
     sha: str | None = None
     repo: str | None = None
+    # True: the measured tree had uncommitted changes (or was no git checkout), so its numbers belong
+    # to no commit. Absent on gates, whose archive is a commit by construction.
+    dirty: bool | None = _opt(omit_none=True)
 
 
 @dataclass(kw_only=True)
@@ -196,7 +203,7 @@ class Record(Part):
     """One gate run (DESIGN, "Run record"). Only `run_id` and `state` are required: a run that
     ended early (ERROR before the build) has the rest empty."""
     run_id: str
-    kind: str = "gate"
+    kind: Kind = "gate"
     state: str  # QUEUED | RUNNING | PASSED | FAILED | ERROR | LOST
     head: Head = field(default_factory=Head)
     created_at: str | float | None = None
@@ -251,11 +258,14 @@ class Record(Part):
 
     @property
     def full_pass(self) -> bool:
-        return self.state == "PASSED" and not self.is_partial
+        return self.kind == "gate" and self.state == "PASSED" and not self.is_partial
 
     @property
     def shown_state(self) -> str:
-        """`PASSED (partial: a, b not run on this box)` for a partial pass; the stored state otherwise."""
+        """`PASSED (partial: a, b not run on this box)` for a partial pass; a grid that ran to its end
+        `DONE (grid only: no gate ran)`, never read as a pass; the stored state otherwise."""
+        if self.kind == "grid" and self.state == "PASSED":
+            return GRID_DONE
         if not self.is_partial:
             return self.state
         return f"PASSED (partial: {', '.join(s.name for s in self.suites_not_run)} not run on this box)"
@@ -274,6 +284,9 @@ class Record(Part):
         self.timings["transfer_s"] = round(put_s + part.timings.get("fetch_s", 0.0), 3)
 
 
+GRID_DONE = "DONE (grid only: no gate ran)"
+
+
 # Migration: each step takes the JSON of version v to v + 1.
 
 def _v1_to_v2(data: dict) -> dict:
@@ -285,7 +298,12 @@ def _v1_to_v2(data: dict) -> dict:
     return data
 
 
-_MIGRATIONS = {1: _v1_to_v2}
+def _v2_to_v3(data: dict) -> dict:
+    """Version 2 knew only gates: every field reads as it was (no `kind` is a gate, no `head.dirty` unknown)."""
+    return dict(data)
+
+
+_MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def migrate(data: dict, where: str = "run record") -> dict:
@@ -336,6 +354,10 @@ _SCALARS = {str: "a string", int: "an integer", float: "a number", bool: "true o
 
 def _value(typ, value, where: str, path: str):
     origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is Literal:
+        if value not in args or isinstance(value, bool):
+            raise RecordError(f"{where}: {path}: expected one of {', '.join(map(str, args))}, found {_show(value)}")
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None

@@ -61,7 +61,7 @@ stage_gate() {
   tail -1 "$OUT/gate.stdout" | tee "$OUT/gate.json"
   local run; run=$($PY -c "import json,sys; print(json.loads(open('$OUT/gate.json').read())['run_id'])" 2>/dev/null)
   [ -n "$run" ] && cp "$CLONE/.regate/reports/$run.html" "$OUT/gate_report.html" 2>/dev/null
-  [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" > "$OUT/gate_record.json" 2>/dev/null
+  [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" --json > "$OUT/gate_record.json" 2>/dev/null
   return $rc
 }
 

@@ -59,7 +59,7 @@ def test_gate_head_of_this_repo_end_to_end(tmp_path):
     else:
         assert line["state"] == "PASSED" and line["full_pass"] is True
     assert Path(clone, line["report_path"]).is_file()
-    shown = _orch(["show", line["run_id"][:18]], clone, tmp_path)
+    shown = _orch(["show", line["run_id"][:18], "--json"], clone, tmp_path)
     assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "PASSED"
     readings = json.loads(shown.stdout)["residency"]  # the head's own `engine info`, both arms
     assert [(r["backend"], r["arm"]) for r in readings] == [(line["backend"], "packed"), (line["backend"], "dequant")]

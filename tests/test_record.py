@@ -27,7 +27,7 @@ def test_a_stored_v1_record_reads_and_writes_back_every_field():
     assert [s.name for s in record.suites_not_run] == ["packed_gemm", "cuda_engine"]
     assert record.suites[0].pid == V1["suites"][0]["pid"] and record.box.labels["box"] == "vm"
     out = record.to_json()
-    assert out["schema_version"] == SCHEMA_VERSION == 2 and list(out)[:5] == [
+    assert out["schema_version"] == SCHEMA_VERSION == 3 and list(out)[:5] == [
         "schema_version", "run_id", "kind", "state", "shown_state"]
     assert _without_version(out) == _without_version(V1), "a field was lost, renamed or changed"
     assert Record.from_json(out).to_json() == out
@@ -75,7 +75,9 @@ def test_optional_fields_stay_absent_when_unset():
     (lambda r: r.update(suites={"a": 1}), "run record r-0001: suites: expected a list"),
     (lambda r: r.update(lock="held"), "lock: expected an object, found 'held'"),
     (lambda r: r["mutations"][0].update(failures=True), r"mutations\[0\].failures: expected an integer"),
-    (lambda r: r.update(schema_version=SCHEMA_VERSION + 1), "schema_version: expected 1..2, found 3"),
+    (lambda r: r.update(schema_version=SCHEMA_VERSION + 1), "schema_version: expected 1..3, found 4"),
+    (lambda r: r.update(kind="bench"), "run record r-0001: kind: expected one of gate, grid, found 'bench'"),
+    (lambda r: r["head"].update(dirty="yes"), "head.dirty: expected true or false, found 'yes'"),
 ])
 def test_a_bad_record_names_the_field(change, message):
     bad = rr.record()
@@ -85,7 +87,17 @@ def test_a_bad_record_names_the_field(change, message):
 
 
 def test_migrate_refuses_what_it_does_not_know():
-    with pytest.raises(RecordError, match="schema_version: expected 1..2, found '1'"):
+    with pytest.raises(RecordError, match="schema_version: expected 1..3, found '1'"):
         migrate({"schema_version": "1"})
     with pytest.raises(RecordError, match="expected a JSON object, found list"):
         Record.from_json([V1])
+
+
+def test_a_version_2_record_reads_as_a_gate_and_a_grid_record_round_trips():
+    v2 = {**rr.record(), "schema_version": 2}
+    v2.pop("kind")
+    assert Record.from_json(v2).kind == "gate" and "dirty" not in Record.from_json(v2).to_json()["head"]
+    grid = Record.from_json(rr.record(kind="grid", head={**rr.BASE["head"], "dirty": True}, suites=[]))
+    out = grid.to_json()
+    assert out["kind"] == "grid" and out["head"]["dirty"] is True and Record.from_json(out).to_json() == out
+    assert out["shown_state"] == "DONE (grid only: no gate ran)" and not grid.full_pass  # a grid is no pass

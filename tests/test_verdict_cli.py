@@ -90,8 +90,10 @@ def test_grid_command_with_a_fake_bench(cli, tmp_path, monkeypatch):
     out = tmp_path / "grid.json"
     spec = tmp_path / "smoke3.yaml"  # smoke's 2 legs are refused for --until-binding (below)
     spec.write_text((GRIDS / "smoke.yaml").read_text().replace("legs: 2\nmax_legs: 3", "legs: 3\nmax_legs: 4"))
+    cfg = tmp_path / "orchestrator.yaml"  # the run is recorded in tmp, not in this checkout's .regate/
+    cfg.write_text(f"db_path: {tmp_path / 'r.db'}\nreports_dir: {tmp_path / 'reports'}\n")
     r = cli("grid", str(spec), "--bench-cmd", f"{sys.executable} {FAKE}",
-            "--out", str(out), "--until-binding", "--json")
+            "--out", str(out), "--until-binding", "--json", "--config", str(cfg))
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
     assert result == json.loads(out.read_text())

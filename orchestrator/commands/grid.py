@@ -7,6 +7,12 @@ Each arm of each leg is a fresh `engine bench` process of this checkout, started
 checkpoints), as a gate's grid runs in the head's tree. Live progress goes to
 stderr; the verdict tables (or with --json the result as one JSON line) go to stdout. Exit 2 on a
 bad spec or a failing bench (the error names cell, arm and leg, with the bench's stderr tail).
+
+Every grid that starts is a run of kind `grid` in the results database of `--config` (as `gate`,
+`runs` and `show` resolve it; `orchestrator/driver/standalone_grid.py`): listed by `orchestrator runs`,
+its owed verdicts in `orchestrator owed`, its report written once. A bad spec is refused before any
+row; a failing bench or Ctrl-C ends the row ERROR with the legs it finished; a kill leaves it to
+become LOST.
 """
 from __future__ import annotations
 
@@ -17,11 +23,13 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from grids.runner import GridError, Progress, run_grid
-from grids.spec import LIMITS, SpecError, load_spec
+from grids.runner import GridError, Progress, refuse_unbindable, run_grid
+from grids.spec import LIMITS, GridSpec, SpecError, load_spec
 from orchestrator.box.grid import runners
 from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
+from orchestrator.config import Config, ConfigError, load_config
+from orchestrator.driver.standalone_grid import GridRun
 
 
 def _progress_printer(console: Console):
@@ -44,19 +52,28 @@ def grid_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON line instead of tables."),
     bench_cmd: str | None = typer.Option(None, "--bench-cmd",
                                          help="Command that starts one bench (default: python -m engine.cli bench)."),
+    config: str | None = typer.Option(None, "--config", help="orchestrator.yaml: where the run is recorded "
+                                                              "(default: built-in, .regate/ here)"),
 ) -> None:
     log = Console(stderr=True, log_path=False)
+    spec, cfg = _checked(spec_path, max_legs, backend, until_binding, config)
+    here = runners(Tree(Path.cwd()), tuple(shlex.split(bench_cmd)) if bench_cmd else None)
+    run = GridRun(cfg, Path.cwd(), out)
+    log.print(f"recording as run {run.record.run_id} in {cfg.db_path}", highlight=False)
+    result, error = None, None
     try:
-        if max_legs is not None and not 1 <= max_legs <= LIMITS["legs"]:
-            raise SpecError(f"--max-legs: expected 1..{LIMITS['legs']} (grids.spec LIMITS), found {max_legs}")
-        spec = load_spec(spec_path)
-        if backend is not None:
-            spec = spec.with_backend(backend)
-        here = runners(Tree(Path.cwd()), tuple(shlex.split(bench_cmd)) if bench_cmd else None)
-        result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=out,
+        result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=run.legs_path,
                           progress=_progress_printer(log), **here)
     except (SpecError, GridError, TreeRunError) as e:
-        typer.echo(f"grid: {e}", err=True)
+        error = f"grid: {e}"
+    except KeyboardInterrupt:
+        error = "grid: interrupted (Ctrl-C); the legs it finished are kept"
+    except Exception as e:  # a bug must still end the row, not leave it RUNNING until it is LOST
+        error = f"grid: crashed: {type(e).__name__}: {e}"
+    record = run.finish(result, error)
+    log.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
+    if error:
+        typer.echo(error, err=True)
         raise typer.Exit(2)
     if as_json:
         typer.echo(json.dumps(result))
@@ -64,6 +81,25 @@ def grid_cmd(
     console = Console()
     for cell in result["cells"]:
         render(cell["verdict"], console, title=f"{result['spec']}: {cell['cell']['label']}")
+
+
+def _checked(spec_path: Path, max_legs: int | None, backend: str | None, until_binding: bool,
+             config: str | None) -> tuple[GridSpec, Config]:
+    """The spec and the config, or exit 2 naming what is wrong: a grid that cannot start leaves no row."""
+    try:
+        if max_legs is not None and not 1 <= max_legs <= LIMITS["legs"]:
+            raise SpecError(f"--max-legs: expected 1..{LIMITS['legs']} (grids.spec LIMITS), found {max_legs}")
+        spec = load_spec(spec_path)
+        if backend is not None:
+            spec = spec.with_backend(backend)
+        if until_binding:
+            refuse_unbindable(spec.legs, max_legs if max_legs is not None else spec.max_legs, spec.source)
+        return spec, load_config(config)
+    except (SpecError, GridError) as e:
+        typer.echo(f"grid: {e}", err=True)
+    except ConfigError as e:
+        typer.echo(f"orchestrator: error: {e}", err=True)
+    raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

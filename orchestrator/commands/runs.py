@@ -1,4 +1,6 @@
-"""`orchestrator runs` lists gate jobs; `orchestrator show RUN` prints one record (a unique prefix works).
+"""`orchestrator runs` lists runs (gates and standalone grids, by kind); `orchestrator show RUN` prints
+one run's summary (`orchestrator/report/summary.py`), or with --json its whole stored record (a unique
+prefix of the run id works).
 
 Both reconcile first: a QUEUED or RUNNING row whose driver stopped beating for `timeouts.stale_s`
 (a killed `orchestrator gate`) is LOST before it is shown, never RUNNING forever.
@@ -15,6 +17,7 @@ from rich.table import Table
 
 from orchestrator import db
 from orchestrator.config import ConfigError, load_config
+from orchestrator.report.summary import print_summary
 
 
 def _conn(config: Optional[str]):
@@ -31,29 +34,38 @@ def _conn(config: Optional[str]):
 def runs(config: Optional[str] = typer.Option(None, "--config"),
          limit: int = typer.Option(50, "--limit"),
          as_json: bool = typer.Option(False, "--json", help="one JSON line per run")) -> None:
-    """List gate jobs, newest first."""
+    """List runs (gates and standalone grids), newest first."""
     records = db.list_runs(_conn(config), limit)
     if as_json:
         for r in records:
-            print(json.dumps({"run_id": r.run_id, "state": r.state, "sha": r.head.sha, "box": r.box.name,
-                              "created_at": r.created_at}))
+            print(json.dumps({"run_id": r.run_id, "kind": r.kind, "state": r.state, "shown_state": r.shown_state,
+                              "sha": r.head.sha,
+                              "dirty": bool(r.head.dirty), "box": r.box.name, "created_at": r.created_at}))
         return
-    table = Table("run", "state", "head", "box", "created", "suites")
+    table = Table("run", "kind", "state", "head", "box", "created", "suites / grid")
     for r in records:
-        suites = " ".join(f"{s.name}:{s.state}" for s in r.suites)
-        table.add_row(r.run_id, r.state, (r.head.sha or "")[:12], str(r.box.name), str(r.created_at), suites)
+        grid = f"grid {r.grid.get('spec', '?')}" if r.grid else ""
+        what = " ".join(f"{s.name}:{s.state}" for s in r.suites) or grid
+        head = (r.head.sha or "no commit")[:12] + (" dirty" if r.head.dirty else "")
+        table.add_row(r.run_id, r.kind, r.shown_state, head, str(r.box.name), str(r.created_at), what)
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
 
 
 def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
-         config: Optional[str] = typer.Option(None, "--config")) -> None:
-    """Print one run's record as JSON."""
+         config: Optional[str] = typer.Option(None, "--config"),
+         as_json: bool = typer.Option(False, "--json", help="the whole stored record as JSON")) -> None:
+    """Print one run's summary: state, suites, grid verdicts, owed, not run (--json: the whole record)."""
+    conn = _conn(config)
     try:
-        record = db.get(_conn(config), run)
+        record = db.get(conn, run)
     except KeyError as e:
         Console(stderr=True).print(f"error: {e.args[0]}", markup=False)
         raise typer.Exit(2)
-    print(json.dumps(record.to_json(), indent=1))
+    if as_json:
+        print(json.dumps(record.to_json(), indent=1))
+        return
+    from orchestrator.owed import list_open  # the ledger the report shows: this head's open items
+    print_summary(record, list_open(conn, record.head.sha) if record.head.sha else None)
 
 
 def register(app: typer.Typer) -> None:

@@ -118,10 +118,12 @@ def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0)
             ray.shutdown()
 
 
-def finish_run(config: Config, conn, record: Record, t0: float) -> Record:
-    """End a run and store it: the final state (`decide`, a LOST record stays LOST), finished_at and
-    total_s (from monotonic `t0`), then the row and the owed-ledger sync in one transaction, then the
-    HTML report, rendered once, with the open owed items that sync left for its head, and the index.
+def finish_run(config: Config, conn, record: Record, t0: float,
+               decide: Callable[[Record], str] = decide) -> Record:
+    """End a run and store it: the final state (`decide`, a gate's by default; a standalone grid
+    passes its own; a LOST record stays LOST), finished_at and total_s (from monotonic `t0`), then
+    the row and the owed-ledger sync in one transaction, then the HTML report, rendered once, with
+    the open owed items that sync left for its head, and the index.
     Returns `record`. A report failure lands in not_run (and the row); it never loses the result."""
     if record.state != "LOST":
         record.state = decide(record)

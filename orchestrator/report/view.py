@@ -173,7 +173,8 @@ def build(record: Record | dict, owed: list[dict] | None = None, with_plots: boo
         "partial": record.is_partial,
         "ran": [s["name"] for s in suites if s["state"] != "NOT_RUN"],
         "gate_set": _gate_set(record),
-        "head": head, "short": (head.get("sha") or "")[:12] or head.get("rev") or "?",
+        "head": head, "short": ((head.get("sha") or "")[:12] or head.get("rev") or "?")
+        + (" + uncommitted changes (dirty tree)" if head.get("dirty") else ""),
         "box": _part(record.box),
         "date": when(record.finished_at or record.created_at),
         "provenance": provenance(record),
