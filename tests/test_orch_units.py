@@ -380,6 +380,19 @@ def test_tree_run_reports_output_and_exit(tmp_path):
     assert r.cancelled and r.returncode == -signal.SIGTERM
 
 
+def test_ctrl_c_while_a_tree_command_runs_kills_its_group(tmp_path):
+    """Ctrl-C reaches the driver, not the command (its own session): the group must die all the same."""
+    started: list[int] = []
+
+    def interrupt() -> bool:
+        if started:
+            raise KeyboardInterrupt
+        return False
+    with pytest.raises(KeyboardInterrupt):
+        Tree(tmp_path).run(["sleep", "30"], 30, cancelled=interrupt, on_start=started.append)
+    assert _gone(started[0])
+
+
 
 def test_a_transient_lock_on_the_wal_switch_is_retried(tmp_path, monkeypatch):
     """Two gates starting together open the same new results file; SQLite can answer the WAL switch

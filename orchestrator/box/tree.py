@@ -102,13 +102,15 @@ class Tree:
             if on_start is not None:
                 on_start(proc.pid)
             timed_out = was_cancelled = False
-            while proc.poll() is None:
-                timed_out = time.monotonic() - start > timeout_s
-                was_cancelled = not timed_out and cancelled()
-                if timed_out or was_cancelled:
-                    break
-                time.sleep(poll_s)
-            kill_group(proc)  # on timeout or cancel; else the stragglers the leader left behind
+            try:
+                while proc.poll() is None:
+                    timed_out = time.monotonic() - start > timeout_s
+                    was_cancelled = not timed_out and cancelled()
+                    if timed_out or was_cancelled:
+                        break
+                    time.sleep(poll_s)
+            finally:  # also on Ctrl-C in the wait: the group is in its own session, no terminal signal reaches it
+                kill_group(proc)  # on timeout or cancel; else the stragglers the leader left behind
             out.seek(0)
             text = out.read().decode(errors="replace")
         return Result(proc.returncode, text, timed_out, was_cancelled, proc.pid, round(time.monotonic() - start, 3))
