@@ -132,6 +132,8 @@ def finish(conn: sqlite3.Connection, record: Record, sync=None) -> None:
 
 def store(conn: sqlite3.Connection, record: Record) -> None:
     """Write the record and its state columns as they are now."""
+    if record.state in FINAL:
+        record.live = None  # a finished run has no current step
     with transaction(conn):
         conn.execute("UPDATE runs SET state=?, finished_at=?, record=? WHERE run_id=?",
                      (record.state, record.finished_at, dump(record), record.run_id))

@@ -178,6 +178,16 @@ class Interrupted(Part):
 
 
 @dataclass(kw_only=True)
+class Live(Part):
+    """Where a run stands while it is QUEUED or RUNNING: the last step the box streamed
+    (`driver/live.py` stores it); a finished run has none (`db.store` drops it)."""
+    step: str | None = None  # build | lock | residency | suite NAME | mutations | grid | grid leg | ...
+    status: str | None = None  # start | waiting | done | GREEN | RED | ...
+    detail: str | None = None
+    at: str | None = None  # when the driver received it (UTC)
+
+
+@dataclass(kw_only=True)
 class BoxResult(Part):
     """The box's part of a run (`box/job.py`), folded into the record on the driver (`Record.merge`)."""
     box: dict = field(default_factory=dict)  # identity from Ray + gpu, backend
@@ -223,6 +233,7 @@ class Record(Part):
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
     interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
+    live: Live | None = _opt(omit_none=True)  # the current step while QUEUED/RUNNING
     timings: dict = field(default_factory=dict)  # {archive_s, transfer_s, build_s, lock_wait_s, ..., total_s}
     report_path: str | None = None
 

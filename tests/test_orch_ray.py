@@ -100,9 +100,18 @@ def test_job_pinned_to_b_runs_on_b(cluster, env):
     tmp_path, config = env
     cfg = config()
     repo = _repo(tmp_path)
-    events = []
-    rec = run_gate(cfg, "HEAD", str(repo), box="B", progress=events.append)
+    events, live = [], []
+
+    def progress(ev):  # the stored row follows the box's events while the run is RUNNING (driver/live.py)
+        events.append(ev)
+        if ev["event"] == "suite" and ev["status"] != "start":
+            conn = db.connect(cfg.db_path)
+            [row] = db.list_runs(conn, 1)
+            conn.close()
+            live.append((row.state, [(s.name, s.state) for s in row.suites], row.live.step))
+    rec = run_gate(cfg, "HEAD", str(repo), box="B", progress=progress)
     assert rec["state"] == "PASSED", rec["error"]
+    assert live == [("RUNNING", [("fast", "GREEN")], "suite fast")] and "live" not in rec
     assert rec["box"]["name"] == "B" and rec["box"]["node_id"] == cluster["node_b"]  # the worker says so
     assert rec["provenance"]["md5_head"] == rec["provenance"]["md5_box"]
     assert rec["suites"][0]["state"] == "GREEN" and rec["lock"]["path"] == str(tmp_path / "B.lock")

@@ -174,7 +174,8 @@ def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> list
         on_start = lambda pid, s=suite: emit({"event": "suite", "suite": s.name, "status": "start", "pid": pid})  # noqa: E731
         rec = run_suite(tree, suite, on_start)
         emit({"event": "suite", "suite": suite.name, "status": rec.state,
-              "detail": f"{rec.tests_passed}/{rec.tests_total} tests, {rec.checks_passed}/{rec.checks_total} checks"})
+              "detail": f"{rec.tests_passed}/{rec.tests_total} tests, {rec.checks_passed}/{rec.checks_total} checks",
+              "record": rec.to_json()})  # the driver stores it at once (driver/live.py)
         out.append(rec)
     return out
 

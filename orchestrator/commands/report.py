@@ -59,7 +59,7 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
             return render_markdown(record, owed=items)
         reports_dir = Path(out or reports_dir)
         path = render_run(record, reports_dir, owed=items)
-        render_index(db.list_runs(conn, limit=1000), reports_dir)
+        render_index(db.list_runs(conn, limit=1000), reports_dir, owed=owed.list_open(conn))
         return str(path)
     finally:
         conn.close()

@@ -172,10 +172,11 @@ def _owed_sync():
 
 def _render_index(conn, reports_dir) -> None:
     try:
+        from orchestrator.owed import list_open
         from orchestrator.report.render import render_index
     except ModuleNotFoundError:
         return
     try:
-        render_index(db.list_runs(conn, 500), reports_dir)
+        render_index(db.list_runs(conn, 500), reports_dir, owed=list_open(conn))
     except Exception:  # the index is a convenience; the run's own page and row are already written
         pass

@@ -21,6 +21,7 @@ import ray.exceptions
 from orchestrator import db
 from orchestrator.box.job import JobSpec, run_job
 from orchestrator.config import BoxConfig, Config
+from orchestrator.driver import live
 from orchestrator.record import BoxResult, Record
 
 
@@ -55,6 +56,7 @@ def place(config: Config, conn, spec: JobSpec, arch, record: Record, progress: C
             record.box.name, record.box.node_id = ev["name"], ev["node_id"]
             db.mark_running(conn, record, ev["task_id"])
             on_started()
+        live.note(conn, record.run_id, ev)  # the stored row follows the run (GET /api/runs/<id>)
         progress(ev)
 
     def tick() -> None:

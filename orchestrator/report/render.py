@@ -11,9 +11,12 @@ from pathlib import Path
 
 import jinja2
 
+from orchestrator.report import claims
 from orchestrator.report import headline
+from orchestrator.report import live
 from orchestrator.report import view
 from orchestrator.record import Record
+from orchestrator.report.errors import ReportError
 
 _TEMPLATES = Path(__file__).with_name("templates")
 
@@ -89,7 +92,9 @@ def write_atomic(path: Path, text: str) -> Path:
 
 
 def html(record: Record | dict, owed: list[dict] | None = None) -> str:
-    return _HTML.get_template("run.html.j2").render(v=view.build(record, owed))
+    """The run's page; a run that has not ended carries the poller (`live.SCRIPT`), written verbatim so
+    its CSP hash (`live.SCRIPT_SOURCE`) matches."""
+    return _HTML.get_template("run.html.j2").render(v=view.build(record, owed), live_js=live.SCRIPT)
 
 
 def render_run(record: Record | dict, reports_dir, owed: list[dict] | None = None) -> Path:
@@ -99,21 +104,46 @@ def render_run(record: Record | dict, reports_dir, owed: list[dict] | None = Non
     return write_atomic(Path(reports_dir) / report_name(record.run_id), text)
 
 
-def _index_row(record: Record | dict, reports_dir: Path) -> dict:
+def _index_row(record: Record | dict, reports_dir: Path, ledger: list[dict] | None, served: bool) -> dict:
     r = view.record_of(record)
-    # The sibling page when it is there (the index lives beside the pages); else where the run wrote it.
+    # Served, every run has a page (the server renders it, live for a running one); on disk, the
+    # sibling page when it is there (the index lives beside the pages), else where the run wrote it.
     path, sibling = r.report_path, report_name(r.run_id)
-    link = sibling if (reports_dir / sibling).is_file() else os.path.relpath(path, reports_dir) if path else None
+    link = (sibling if served or (reports_dir / sibling).is_file()
+            else os.path.relpath(path, reports_dir) if path else None)
     return {"run_id": r.run_id, "state": r.shown_state, "cls": headline.state_class(r), "link": link,
-            "sha": (r.head.sha or "")[:12], "rev": r.head.rev, "box": r.box.name,
-            "date": view.when(r.created_at) or "", "error": r.error}
+            "sha": (r.head.sha or "")[:12], "rev": r.head.rev, "box": r.box.name, "kind": r.kind,
+            "date": view.when(r.created_at) or "", "error": r.error, **_counts(r, ledger)}
 
 
-def render_index(records: list[Record | dict], reports_dir) -> Path:
-    """Write `<reports_dir>/index.html`: every run, newest first."""
+def _counts(record: Record, ledger: list[dict] | None) -> dict:
+    """What the run did not run and what it left owed (the same lists its report shows), and, from the
+    owed ledger, how many items it opened or last found owed are still open. None while it runs."""
+    if record.state in live.LIVE_STATES:
+        return {"not_run": None, "owed": None, "open": None, "not_run_what": ""}
+    try:
+        skipped, owed = claims.not_run(record), claims.claims(record)[1]
+    except ReportError:  # a record whose grid is not one: its own page says why; the index goes on
+        return {"not_run": None, "owed": None, "open": None, "not_run_what": "unreadable grid"}
+    mine = (None if ledger is None
+            else sum(record.run_id in (o.get("opened_by"), o.get("last_seen_by")) for o in ledger))
+    return {"not_run": len(skipped), "owed": len(owed), "open": mine,
+            "not_run_what": "; ".join(str(n["what"]) for n in skipped)}
+
+
+def index_html(records: list[Record | dict], reports_dir, owed: list[dict] | None = None,
+               served: bool = False) -> str:
+    """The index of runs, newest first; `owed`: the open owed-ledger items (every head); `served`: as the
+    HTTP front serves it (every run linked to the page the server renders)."""
     reports_dir = Path(reports_dir)
-    rows = sorted((_index_row(r, reports_dir) for r in records), key=lambda r: r["date"], reverse=True)
-    return write_atomic(reports_dir / "index.html", _HTML.get_template("index.html.j2").render(rows=rows))
+    rows = sorted((_index_row(r, reports_dir, owed, served) for r in records), key=lambda r: r["date"],
+                  reverse=True)
+    return _HTML.get_template("index.html.j2").render(rows=rows, ledger=owed is not None)
+
+
+def render_index(records: list[Record | dict], reports_dir, owed: list[dict] | None = None) -> Path:
+    """Write `<reports_dir>/index.html`: every run, newest first."""
+    return write_atomic(Path(reports_dir) / "index.html", index_html(records, reports_dir, owed))
 
 
 def render_markdown(record: Record | dict, owed: list[dict] | None = None) -> str:

@@ -11,8 +11,10 @@ import base64
 import dataclasses
 import datetime as dt
 import json
+from urllib.parse import quote
 
 from orchestrator.report import headline
+from orchestrator.report import live as live_mod
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
@@ -155,6 +157,14 @@ def _gate_set(record: Record) -> dict | None:
     return {"changes": gs.changes, "accepted": gs.accepted, "message": gs.message}
 
 
+def live(record: Record) -> dict | None:
+    """The live part of a run that has not ended (the page polls `api`); None for a finished run."""
+    if record.state not in live_mod.LIVE_STATES:
+        return None
+    return {**dict.fromkeys(("step", "status", "detail", "at")), **_part(record.live),
+            "api": f"/api/runs/{quote(record.run_id, safe='')}", "every_ms": live_mod.POLL_MS}
+
+
 def build(record: Record | dict, owed: list[dict] | None = None, with_plots: bool = True) -> dict:
     """Everything a report shows, in section order."""
     record = record_of(record)
@@ -191,4 +201,5 @@ def build(record: Record | dict, owed: list[dict] | None = None, with_plots: boo
         "residency": residency.section(record),
         "attribution": attribution.section(record, with_plots),
         "raw": raw_legs(record),
+        "live": live(record),
     }

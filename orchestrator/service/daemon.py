@@ -72,9 +72,11 @@ class Backend:
                 raise BadRequest(str(e)) from None
 
     def index_html(self) -> str:
-        from orchestrator.report.render import render_index
+        """The index as served: every run linked to the page this server renders (a running run's
+        page follows it live), with the owed ledger's counts. The file on disk is the driver's."""
+        from orchestrator.report.render import index_html
         with self._conn() as conn:
-            return render_index(db.list_runs(conn, 500), self.config.reports_dir).read_text()
+            return index_html(db.list_runs(conn, 500), self.config.reports_dir, owed.list_open(conn), served=True)
 
     def report_html(self, run_id: str) -> str:
         from orchestrator.report.render import html

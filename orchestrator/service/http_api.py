@@ -1,7 +1,8 @@
 """The HTTP front of `orchestrator serve`: the reports, and a small JSON API over the job ledger.
 
     GET  /                   the reports index (newest first)
-    GET  /<run_id>.html      one run's report (the index links here)
+    GET  /<run_id>.html      one run's report (the index links here); while the run is QUEUED or
+                             RUNNING, a page that polls /api/runs/<id> and shows its progress
     GET  /api/runs           {"runs": [summary...]}   ?limit=N (1..1000, default 50)
     GET  /api/runs/<id>      the stored run record
     GET  /api/owed           {"owed": [item...]}      ?head=SHA
@@ -37,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from orchestrator.service import auth
 from orchestrator.record import Record
+from orchestrator.report.live import SCRIPT_SOURCE
 
 log = logging.getLogger("regate.http")
 
@@ -52,6 +54,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _GATE_KEYS = {"head": str, "box": str, "grid": str, "force": bool}
 _RUN_PAGE = re.compile(r"^/([A-Za-z0-9._-]+)\.html$")
 _RUN_API = re.compile(r"^/api/runs/([A-Za-z0-9._-]+)$")
+# Every answer: no script runs but a running run's poller, allowed by its hash (a script injected into
+# a page, inline or not, never runs); it may fetch from this server only (the run's JSON); styles are
+# inline, plots inline SVG, the raw-data link a data: URI; nothing else loads, no form posts, no framing.
+CSP = (f"default-src 'none'; script-src {SCRIPT_SOURCE}; connect-src 'self'; style-src 'unsafe-inline'; "
+       "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 class HttpError(Exception):
@@ -269,6 +276,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", CSP)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
