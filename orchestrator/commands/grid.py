@@ -22,6 +22,7 @@ from grids.spec import LIMITS, SpecError, load_spec
 from orchestrator.box.grid import runners
 from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
+from orchestrator.errors import fail
 
 
 def _progress_printer(console: Console):
@@ -56,8 +57,7 @@ def grid_cmd(
         result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=out,
                           progress=_progress_printer(log), **here)
     except (SpecError, GridError, TreeRunError) as e:
-        typer.echo(f"grid: {e}", err=True)
-        raise typer.Exit(2)
+        fail(e)
     if as_json:
         typer.echo(json.dumps(result))
         return

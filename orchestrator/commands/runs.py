@@ -15,21 +15,22 @@ from rich.table import Table
 
 from orchestrator import db
 from orchestrator.config import ConfigError, load_config
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 
 
 def _conn(config: Optional[str]):
     try:
         cfg = load_config(config)
     except ConfigError as e:
-        Console(stderr=True).print(f"error: {e}", markup=False)
-        raise typer.Exit(2)
+        fail(e)
     conn = db.connect(cfg.db_path)
     db.mark_stale_lost(conn, cfg.timeouts.stale_s)
     return conn
 
 
-def runs(config: Optional[str] = typer.Option(None, "--config"),
-         limit: int = typer.Option(50, "--limit"),
+def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+         limit: int = typer.Option(50, "--limit", metavar="N", help="at most this many runs"),
          as_json: bool = typer.Option(False, "--json", help="one JSON line per run")) -> None:
     """List gate jobs, newest first."""
     records = db.list_runs(_conn(config), limit)
@@ -45,14 +46,13 @@ def runs(config: Optional[str] = typer.Option(None, "--config"),
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
 
 
-def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
-         config: Optional[str] = typer.Option(None, "--config")) -> None:
+def show(run: str = typer.Argument(..., metavar="RUN", help="run id (a unique prefix is enough)"),
+         config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP)) -> None:
     """Print one run's record as JSON."""
     try:
         record = db.get(_conn(config), run)
     except KeyError as e:
-        Console(stderr=True).print(f"error: {e.args[0]}", markup=False)
-        raise typer.Exit(2)
+        fail(e.args[0])
     print(json.dumps(record.to_json(), indent=1))
 
 
