@@ -2,13 +2,19 @@
 
 Each module listed in COMMANDS exposes `register(app: typer.Typer)`; the CLI only wires them up.
 Exit codes across every subcommand: 0 green, 1 a gate red / pin survived, 2 usage, infrastructure
-or provenance error.
+or provenance error. Every error reads `orchestrator: error: ...` on stderr (`orchestrator.errors`),
+click's own usage errors too (`main`). Help is click's plain layout: typer's rich one prints a type
+after every option, `<bool>` after each flag and after --help itself, with no way to turn it off.
 """
 from __future__ import annotations
 
 import importlib
+import sys
+from importlib.metadata import PackageNotFoundError, version as dist_version
 
 import typer
+
+from orchestrator.errors import error_line
 
 COMMANDS = (
     "orchestrator.commands.gate",  # orchestrator gate
@@ -21,8 +27,27 @@ COMMANDS = (
     "orchestrator.commands.serve",  # orchestrator serve
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="regate: gate a head of an inference engine, measure it, report honestly.")
+
+
+def package_version() -> str:
+    try:
+        return dist_version("regate")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (regate is not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"orchestrator (regate) {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="print regate's version and exit")) -> None:
+    pass
 
 
 def _register_all() -> None:
@@ -36,9 +61,39 @@ def _register_all() -> None:
         mod.register(app)
 
 
+# click's exceptions as this typer raises them: typer >= 0.29 carries its own copy of click
+# (typer._click), older ones use click itself; BadParameter is public in both and names the module.
+_CLICK = sys.modules[typer.BadParameter.__module__]
+
+
 def main() -> None:
     _register_all()
-    app()
+    command = typer.main.get_command(app)
+    try:  # standalone_mode=False: click hands its errors to us instead of printing "Error: ..." itself
+        code = command.main(prog_name="orchestrator", standalone_mode=False)
+    except _CLICK.UsageError as e:
+        _usage_error(e)
+    except _CLICK.ClickException as e:  # a bad file argument and the like: no usage line to show
+        typer.echo(error_line(e.format_message()), err=True)
+        sys.exit(e.exit_code)
+    except (typer.Abort, _CLICK.Abort):  # EOF at a prompt
+        typer.echo(error_line("aborted"), err=True)
+        sys.exit(1)
+    sys.exit(code or 0)
+
+
+def _usage_error(e) -> None:
+    """click's usage line and hint, then the error in the one shape; exit 2. A bare `orchestrator`
+    is no error: it prints the help, as before."""
+    if type(e).__name__ == "NoArgsIsHelpError":
+        e.show()
+        sys.exit(e.exit_code)
+    if e.ctx is not None:
+        typer.echo(e.ctx.get_usage(), err=True)
+        if e.ctx.command.get_help_option(e.ctx) is not None:
+            typer.echo(f"Try '{e.ctx.command_path} {e.ctx.help_option_names[0]}' for help.", err=True)
+    typer.echo(error_line(e.format_message()), err=True)
+    sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

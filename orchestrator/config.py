@@ -3,10 +3,13 @@
 Every key is optional; with no file at all the embedded default is one box named after this host, its
 lock at `~/gpu.lock`, and as many GPUs as this machine has (none -> the CPU backend, no required
 marker). Runtime discoveries (which node a box is, what a build printed) live elsewhere, never here.
+Without a `db_path` (no file, or a file that leaves it out) the database is `regate.db` in the state
+directory, found from the cwd as git finds its repository or given by REGATE_HOME
+(`orchestrator.state_dir`); without a `reports_dir`, reports go to `reports/` beside the database.
 
     ray_address: null            # null: start a local Ray in-process; "auto" or "host:port": join
     db_path: .regate/regate.db   # relative paths are relative to the config file's directory
-    reports_dir: .regate/reports
+    reports_dir: .regate/reports # absent: reports/ beside db_path
     work_dir: null               # where a box unpacks heads (null: the system temp dir)
     trusted_root: null           # regate checkout whose gates.yaml judges sacred suites (null: the box's own)
     default_box: h200-a          # else the first box
@@ -35,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+
+from orchestrator.state_dir import DB_NAME, REPORTS, StateDirError, state_dir
 
 CUDA_MARKER = "packed NVFP4 W4A16 GEMM: ENABLED"  # prefix of the line `engine build` prints on a good CUDA build
 ON_BUSY = ("wait", "abort")
@@ -104,7 +109,9 @@ def default_box(gpus: int) -> BoxConfig:
 
 
 def default_config(gpus: int = 0) -> Config:
-    return Config(boxes=(default_box(gpus),))
+    """The embedded default: this host as its one box, its state in the state directory."""
+    db_path = default_db_path("<built-in defaults>")
+    return Config(boxes=(default_box(gpus),), db_path=db_path, reports_dir=db_path.parent / REPORTS)
 
 
 def load_config(path: str | Path | None, gpus: int = 0) -> Config:
@@ -144,20 +151,27 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
     default = _opt_str(top.get("default_box"), where, "default_box")
     if default is not None and default not in names:
         _fail(where, "default_box", f"one of the boxes ({', '.join(names)})", default)
-    defaults = Config(boxes=boxes)
-    db_path = _path(top.get("db_path"), where, "db_path", base) or defaults.db_path
+    db_path = _path(top.get("db_path"), where, "db_path", base) or default_db_path(where)
     check_db_path(db_path, where)
     return Config(
         boxes=boxes,
         ray_address=_opt_str(top.get("ray_address"), where, "ray_address"),
         db_path=db_path,
-        reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or defaults.reports_dir,
+        reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or db_path.parent / REPORTS,
         work_dir=_path(top.get("work_dir"), where, "work_dir", base),
         trusted_root=_path(top.get("trusted_root"), where, "trusted_root", base),
         default_box=default,
         timeouts=_timeouts(top.get("timeouts"), where),
         source=where,
     )
+
+
+def default_db_path(where: str) -> Path:
+    """The state directory's database; ConfigError (exit 2) when there is no state directory."""
+    try:
+        return state_dir() / DB_NAME
+    except StateDirError as e:
+        raise ConfigError(f"{where}: {e}" if where != "<built-in defaults>" else str(e)) from None
 
 
 def _box(raw: object, where: str, key: str) -> BoxConfig:

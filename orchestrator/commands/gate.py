@@ -5,6 +5,8 @@ one: its state reads `PASSED (partial: ... not run on this box)` here and in `--
 `full_pass` is false); `--require-full` makes it exit 1 (`orchestrator.report.headline`).
 
 Progress goes to stderr (live on a terminal); `--json` ends stdout with one JSON line for machines.
+Ray's own output (its warnings, its processes' lines) goes to `<state dir>/logs/ray-<run>.log`, named
+on the last lines when a run ends in ERROR or LOST.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from rich.console import Console
 
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
+from orchestrator.errors import error_line, say
+from orchestrator.ray_log import ray_output_to_log
+from orchestrator.state_dir import CONFIG_HELP, logs_dir
 from orchestrator.driver.gate import exit_code, run_gate
 from orchestrator.box.idle import gpus
 from orchestrator.driver.provenance import ProvenanceError
@@ -87,7 +92,7 @@ def _describe(ev: dict) -> str | None:
     return None
 
 
-def _final_lines(record: Record, console: Console) -> None:
+def _final_lines(record: Record, console: Console, ray_log=None) -> None:
     for s in record.suites:
         counts = f"{s.tests_passed}/{s.tests_total} tests, {s.checks_passed}/{s.checks_total} checks"
         why = s.why or "; ".join(s.reasons)
@@ -100,18 +105,23 @@ def _final_lines(record: Record, console: Console) -> None:
         console.print(f"  {record.gate_set.message}", highlight=False)
     for n in record.not_run:
         console.print(f"  not run: {n.what}: {n.why}", highlight=False)
-    if record.error:
-        console.print(f"  error: {record.error}", highlight=False)
+    if record.error:  # the one error shape, as any command's
+        console.print(error_line(record.error), highlight=False, markup=False)
+    if ray_log is not None and record.state in ("ERROR", "LOST"):  # where Ray's side of it is
+        console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
     console.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
 
 
 def gate(
-    head: str = typer.Option(..., "--head", help="git revision to gate (sha, branch, HEAD)"),
-    repo: str = typer.Option(".", "--repo", help="repository holding the revision"),
-    config: Optional[str] = typer.Option(None, "--config", help="orchestrator.yaml (default: built-in)"),
-    box: Optional[str] = typer.Option(None, "--box", help="box to run on (default: the config's default)"),
-    grid: Optional[str] = typer.Option(None, "--grid", help="throughput grid spec to run under the same lock"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (else $RAY_ADDRESS)"),
+    head: str = typer.Option(..., "--head", metavar="REV", help="git revision to gate (sha, branch, HEAD)"),
+    repo: str = typer.Option(".", "--repo", metavar="DIR", help="repository holding the revision"),
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+    box: Optional[str] = typer.Option(None, "--box", metavar="NAME",
+                                      help="box to run on (default: the config's default)"),
+    grid: Optional[str] = typer.Option(None, "--grid", metavar="SPEC",
+                                       help="throughput grid spec to run under the same lock"),
+    address: Optional[str] = typer.Option(None, "--address", metavar="HOST:PORT",
+                                          help="Ray cluster to join (else $RAY_ADDRESS)"),
     force: bool = typer.Option(False, "--force", help="re-run even if an identical gate is recorded"),
     accept_sacred: bool = typer.Option(False, "--accept-sacred-change",
                                        help="let a head that modifies a sacred suite pass (recorded)"),
@@ -128,16 +138,18 @@ def gate(
     printer = ProgressPrinter(err)
     try:
         cfg = load_config(config, gpus=len(gpus()))
-        record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
-                          accept_gate_change)
+        with ray_output_to_log() as ray_log:
+            record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
+                              accept_gate_change)
     except (ConfigError, ProvenanceError, ManifestError, RequestError) as e:
         printer.stop()
-        err.print(f"error: {e}", highlight=False, markup=False)
+        say(e)
         if as_json:
             print(json.dumps({"state": "ERROR", "exit_code": 2, "error": str(e)}))
         raise typer.Exit(2)
     printer.stop()
-    _final_lines(record, err)
+    kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
+    _final_lines(record, err, kept)
     if as_json:
         print(json.dumps(summary(record)))
     sys.stdout.flush()

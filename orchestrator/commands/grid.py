@@ -30,6 +30,8 @@ from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
 from orchestrator.config import Config, ConfigError, load_config
 from orchestrator.driver.standalone_grid import GridRun
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 
 
 def _progress_printer(console: Console):
@@ -52,8 +54,7 @@ def grid_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON line instead of tables."),
     bench_cmd: str | None = typer.Option(None, "--bench-cmd",
                                          help="Command that starts one bench (default: python -m engine.cli bench)."),
-    config: str | None = typer.Option(None, "--config", help="orchestrator.yaml: where the run is recorded "
-                                                              "(default: built-in, .regate/ here)"),
+    config: str | None = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
 ) -> None:
     log = Console(stderr=True, log_path=False)
     spec, cfg = _checked(spec_path, max_legs, backend, until_binding, config)
@@ -65,16 +66,15 @@ def grid_cmd(
         result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=run.legs_path,
                           progress=_progress_printer(log), **here)
     except (SpecError, GridError, TreeRunError) as e:
-        error = f"grid: {e}"
+        error = str(e)
     except KeyboardInterrupt:
-        error = "grid: interrupted (Ctrl-C); the legs it finished are kept"
+        error = "interrupted (Ctrl-C); the legs it finished are kept"
     except Exception as e:  # a bug must still end the row, not leave it RUNNING until it is LOST
-        error = f"grid: crashed: {type(e).__name__}: {e}"
+        error = f"crashed: {type(e).__name__}: {e}"
     record = run.finish(result, error)
     log.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
     if error:
-        typer.echo(error, err=True)
-        raise typer.Exit(2)
+        fail(error)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -95,11 +95,8 @@ def _checked(spec_path: Path, max_legs: int | None, backend: str | None, until_b
         if until_binding:
             refuse_unbindable(spec.legs, max_legs if max_legs is not None else spec.max_legs, spec.source)
         return spec, load_config(config)
-    except (SpecError, GridError) as e:
-        typer.echo(f"grid: {e}", err=True)
-    except ConfigError as e:
-        typer.echo(f"orchestrator: error: {e}", err=True)
-    raise typer.Exit(2)
+    except (SpecError, GridError, ConfigError) as e:
+        fail(e)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ from orchestrator.box.mutate import STALE, SURVIVED, run_pins
 from orchestrator.box.tree import Tree
 from gates.pins import PinError
 from orchestrator.driver.provenance import ProvenanceError, archive, unpack
+from orchestrator.errors import fail
 
 
 class UsageError(Exception):
@@ -59,22 +60,21 @@ def _line(r: dict) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("mutate")
     def mutate_cmd(
-        head: str = typer.Option(..., "--head", help="revision to mutate (archived; your tree is untouched)"),
-        repo: Path = typer.Option(Path("."), "--repo", help="git repository holding the revision"),
+        head: str = typer.Option(..., "--head", metavar="REV",
+                                 help="revision to mutate (archived; your tree is untouched)"),
+        repo: Path = typer.Option(Path("."), "--repo", metavar="DIR", help="git repository holding the revision"),
         pin: Optional[list[str]] = typer.Option(None, "--pin", help="pin name (repeatable)"),
         all_pins: bool = typer.Option(False, "--all", help="run every pin"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
     ) -> None:
         """Apply mutation pins to a head in fresh trees; each must turn its suite RED."""
         if bool(pin) == all_pins:
-            typer.echo("orchestrator mutate: give --pin NAME (repeatable) or --all, not both", err=True)
-            raise typer.Exit(2)
+            fail("give --pin NAME (repeatable) or --all, not both")
         progress = None if as_json else (lambda r: typer.echo(_line(r)))
         try:
             out = mutate(head, repo, None if all_pins else list(pin), progress=progress)
         except (ProvenanceError, ManifestError, PinError) as e:
-            typer.echo(f"orchestrator mutate: {e}", err=True)
-            raise typer.Exit(2)
+            fail(e)
         results = out["mutations"]
         if as_json:
             typer.echo(json.dumps(out, sort_keys=True))

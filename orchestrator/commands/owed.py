@@ -16,6 +16,8 @@ import typer
 from orchestrator import owed
 from orchestrator.commands.report import CommandError, open_db
 from orchestrator.config import ConfigError
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 
 
 def head_sha(rev: str, repo: Path) -> str:
@@ -39,18 +41,19 @@ def _line(item: dict) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("owed")
     def owed_cmd(
-        head: Optional[str] = typer.Option(None, "--head", help="only this head (sha prefix or revision)"),
+        head: Optional[str] = typer.Option(None, "--head", metavar="REV",
+                                           help="only this head (sha prefix or revision)"),
         close_id: Optional[int] = typer.Option(None, "--close", help="close this item id"),
         reason: Optional[str] = typer.Option(None, "--reason", help="why it is closed (required with --close)"),
-        repo: Path = typer.Option(Path("."), "--repo", help="git repository to resolve --head in"),
-        config: Optional[Path] = typer.Option(None, "--config", help="orchestrator.yaml"),
-        db_path: Optional[Path] = typer.Option(None, "--db", help="the regate database (default: from config)"),
+        repo: Path = typer.Option(Path("."), "--repo", metavar="DIR", help="git repository to resolve --head in"),
+        config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+        db_path: Optional[Path] = typer.Option(None, "--db", metavar="FILE",
+                                               help="the regate database (default: from the config)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
     ) -> None:
         """List what is owed (open items), or close one with a reason."""
         if reason is not None and close_id is None:
-            typer.echo("orchestrator owed: --reason goes with --close ID", err=True)
-            raise typer.Exit(2)
+            fail("--reason goes with --close ID")
         try:
             conn, _ = open_db(config, db_path)
             try:
@@ -63,8 +66,7 @@ def register(app: typer.Typer) -> None:
             finally:
                 conn.close()
         except (CommandError, ConfigError, owed.OwedError) as e:
-            typer.echo(f"orchestrator owed: {e}", err=True)
-            raise typer.Exit(2)
+            fail(e)
         if as_json:
             typer.echo(json.dumps({"owed": items}, sort_keys=True))
         else:

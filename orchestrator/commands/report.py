@@ -15,6 +15,8 @@ import typer
 
 from orchestrator import db, owed
 from orchestrator.config import ConfigError, check_db_path, load_config
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 from orchestrator.record import Record, RecordError
 from orchestrator.report.errors import ReportError
 from orchestrator.report.render import render_index, render_markdown, render_run
@@ -27,16 +29,20 @@ class CommandError(Exception):
 
 
 def open_db(config: Path | None, db_path: Path | None) -> tuple[sqlite3.Connection, Path]:
-    """(connection, reports_dir) from --db/--config; refuses to create a database that is not there."""
-    cfg = load_config(config)
-    path = Path(db_path or cfg.db_path)
+    """(connection, reports_dir) from --db/--config; refuses to create a database that is not there.
+    `--db` alone needs no state directory: its reports go to reports/ beside it."""
+    if db_path is not None and config is None:
+        path, reports_dir = Path(db_path), Path(db_path).parent / "reports"
+    else:
+        cfg = load_config(config)
+        path, reports_dir = Path(db_path or cfg.db_path), Path(cfg.reports_dir)
     if not path.is_file():
         raise CommandError(f"no regate database at {path} (give --db PATH or --config FILE)")
     try:
         check_db_path(path, "--db" if db_path else str(config or "<built-in defaults>"))
     except ConfigError as e:  # not a SQLite file, unreadable: named, never a traceback
         raise CommandError(str(e)) from None
-    return db.connect(path), Path(cfg.reports_dir)
+    return db.connect(path), reports_dir
 
 
 def load_record(conn: sqlite3.Connection, run_id: str) -> Record:
@@ -68,15 +74,16 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
-        run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
+        run: str = typer.Argument(..., metavar="RUN", help="run id (a unique prefix is enough)"),
         fmt: str = typer.Option("html", "--format", help="html (write the page) or md (print a PR body)"),
-        config: Optional[Path] = typer.Option(None, "--config", help="orchestrator.yaml"),
-        db_path: Optional[Path] = typer.Option(None, "--db", help="the regate database (default: from config)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="reports directory (default: from config)"),
+        config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+        db_path: Optional[Path] = typer.Option(None, "--db", metavar="FILE",
+                                               help="the regate database (default: from the config)"),
+        out: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                           help="reports directory (default: the config's, or reports/ beside --db)"),
     ) -> None:
         """Re-render a past run's report from its stored record."""
         try:
             typer.echo(report(run, fmt, config, db_path, out))
         except (CommandError, ConfigError, ReportError, RecordError, json.JSONDecodeError) as e:
-            typer.echo(f"orchestrator report: {e}", err=True)
-            raise typer.Exit(2)
+            fail(e)

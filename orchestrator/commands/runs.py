@@ -18,24 +18,33 @@ from rich.table import Table
 from orchestrator import db
 from orchestrator.config import ConfigError, load_config
 from orchestrator.report.summary import print_summary
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 
 
 def _conn(config: Optional[str]):
+    """The results database, reconciled; None when none exists yet (reading never creates one)."""
     try:
         cfg = load_config(config)
     except ConfigError as e:
-        Console(stderr=True).print(f"error: {e}", markup=False)
-        raise typer.Exit(2)
+        fail(e)
+    if not cfg.db_path.exists():
+        return None
     conn = db.connect(cfg.db_path)
     db.mark_stale_lost(conn, cfg.timeouts.stale_s)
     return conn
 
 
-def runs(config: Optional[str] = typer.Option(None, "--config"),
-         limit: int = typer.Option(50, "--limit"),
+def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+         limit: int = typer.Option(50, "--limit", metavar="N", help="at most this many runs"),
          as_json: bool = typer.Option(False, "--json", help="one JSON line per run")) -> None:
     """List runs (gates and standalone grids), newest first."""
-    records = db.list_runs(_conn(config), limit)
+    conn = _conn(config)
+    if conn is None:
+        typer.echo(f"no runs yet: {load_config(config).db_path} does not exist (a gate or a grid creates it)",
+                   err=True)
+        return
+    records = db.list_runs(conn, limit)
     if as_json:
         for r in records:
             print(json.dumps({"run_id": r.run_id, "kind": r.kind, "state": r.state, "shown_state": r.shown_state,
@@ -51,16 +60,17 @@ def runs(config: Optional[str] = typer.Option(None, "--config"),
     Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
 
 
-def show(run: str = typer.Argument(..., help="run id (a unique prefix is enough)"),
-         config: Optional[str] = typer.Option(None, "--config"),
+def show(run: str = typer.Argument(..., metavar="RUN", help="run id (a unique prefix is enough)"),
+         config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
          as_json: bool = typer.Option(False, "--json", help="the whole stored record as JSON")) -> None:
     """Print one run's summary: state, suites, grid verdicts, owed, not run (--json: the whole record)."""
     conn = _conn(config)
+    if conn is None:
+        fail(f"no run {run!r}: {load_config(config).db_path} does not exist, so no run is recorded there yet")
     try:
         record = db.get(conn, run)
     except KeyError as e:
-        Console(stderr=True).print(f"error: {e.args[0]}", markup=False)
-        raise typer.Exit(2)
+        fail(e.args[0])
     if as_json:
         print(json.dumps(record.to_json(), indent=1))
         return

@@ -14,6 +14,8 @@ from typing import Optional
 import typer
 
 from orchestrator.config import ConfigError, load_config
+from orchestrator.errors import fail
+from orchestrator.state_dir import CONFIG_HELP
 from orchestrator.service.auth import TokenError, ensure_token, is_loopback, token_path
 from orchestrator.service.http_api import DEFAULT_HOST, DEFAULT_PORT
 from orchestrator.box.idle import gpus
@@ -25,7 +27,7 @@ from orchestrator.service.daemon import load_service
 def serve(
     host: str = typer.Option(DEFAULT_HOST, "--host", help="address to bind (loopback by default)"),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="port to bind (0: any free port)"),
-    config: Optional[str] = typer.Option(None, "--config", help="orchestrator.yaml (default: built-in)"),
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
     repo: str = typer.Option(".", "--repo", help="repository whose revisions are gated"),
     allow_host: Optional[list[str]] = typer.Option(
         None, "--allow-host", help="a Host name clients use beside loopback's and --host (repeatable)"),
@@ -42,8 +44,7 @@ def serve(
         url = service.start()
         service.install_signal_handlers()
     except (ConfigError, ScheduleError, ProvenanceError, TokenError, OSError, sqlite3.Error) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        fail(e)
     # One line on stdout for people and for scripts that started us with --port 0.
     print(f"serving {url} (token {token_file}, db {cfg.db_path}, {len(service.schedules)} schedule(s), "
           f"boxes {', '.join(b.name for b in cfg.boxes)})", flush=True)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grids.verdict import MAX_PROJECTED_LEGS, VerdictError, judge, percent
+from orchestrator.errors import fail
 
 
 class LegsError(ValueError):
@@ -83,8 +84,7 @@ def verdict_cmd(
     try:
         verdict = judge(parse_legs(legs), rule=rule, alpha=alpha, tolerance=tolerance)
     except (LegsError, VerdictError) as e:
-        typer.echo(f"verdict: {e}", err=True)
-        raise typer.Exit(2)
+        fail(e)
     if as_json:
         typer.echo(json.dumps(verdict))
     else:

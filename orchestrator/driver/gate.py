@@ -9,6 +9,7 @@ every later failure ends in a stored ERROR or LOST record.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -74,6 +75,7 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     """Gate `rev` of `repo` on `box`; the stored record (an earlier identical one unless `force`)."""
     t0 = time.monotonic()
     box_cfg = config.box(box)
+    progress({"event": "step", "step": "archive", "status": "start", "detail": f"{rev} of {repo}"})
     arch = archive(repo, rev)
     if grid is not None:  # the API's check: a spec the head has and that parses, before any suite
         grid = check_grid(arch, grid)
@@ -105,7 +107,9 @@ def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0)
     """Place the job, then store the result while Ray is still up (a stored result is never LOST)."""
     started_ray = False
     try:
-        started_ray = start_ray(address, spec.box)
+        started_ray = _start_ray(address, spec.box, progress)
+        progress({"event": "step", "step": "placement", "status": "start",
+                  "detail": f"the head to box {spec.box.name}; waiting for it to start the job"})
         place(config, conn, spec, arch, record, progress)
     except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
@@ -116,6 +120,20 @@ def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0)
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _start_ray(address, box, progress: Progress) -> bool:
+    """`start_ray`, said as it happens: starting Ray is most of the wait before a job starts."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    t = time.monotonic()
+    progress({"event": "step", "step": "ray", "status": "start",
+              "detail": f"joining the cluster at {address}" if address else
+              f"a local Ray, this machine as box {box.name} (a few seconds)"})
+    started = start_ray(address, box)
+    progress({"event": "step", "step": "ray", "status": "done", "detail": f"up in {time.monotonic() - t:.1f} s"})
+    return started
 
 
 def finish_run(config: Config, conn, record: Record, t0: float,
