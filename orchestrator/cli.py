@@ -12,6 +12,7 @@ import typer
 
 COMMANDS = (
     "orchestrator.commands.gate",  # orchestrator gate
+    "orchestrator.commands.compare",  # orchestrator compare
     "orchestrator.commands.runs",  # orchestrator runs / show
     "orchestrator.commands.verdict",  # orchestrator verdict
     "orchestrator.commands.grid",  # orchestrator grid

@@ -12,7 +12,10 @@ written back, so reading and writing a record never loses a field. `grid` (grids
 result) and `residency` (`engine info` readings) are other tools' JSON and stay plain data here.
 
 Versions: 1 (or none) is the record as the dict-building code wrote it; 2 is this module's. A record
-that is not one raises RecordError naming the run and the field.
+that is not one raises RecordError naming the run and the field. Kinds: `gate` (the default, every
+record before kinds) and `compare` (`orchestrator compare`: a head against a base, its `compare`
+part). `compare` is an optional field added within version 2: a record without it reads as before,
+and a reader older than it keeps it in `extra` and writes it back, so no bump is needed.
 """
 from __future__ import annotations
 
@@ -171,6 +174,30 @@ class Interrupted(Part):
 
 
 @dataclass(kw_only=True)
+class Side(Part):
+    """One revision of a comparison: what was shipped (driver) and what the box received and built."""
+    rev: str | None = None
+    sha: str | None = None
+    md5_driver: str | None = None
+    md5_box: str | None = None
+    archive_bytes: int | None = None
+    build: Build | None = None
+
+
+@dataclass(kw_only=True)
+class Compare(Part):
+    """`orchestrator compare`: the head against its base over one arm config of a grid (the grid's
+    cells are in `Record.grid`, its arms named `base` and `head`); `cells` is each cell's outcome
+    (grids.regression), `outcome` the run's."""
+    base: Side = field(default_factory=Side)
+    head: Side = field(default_factory=Side)
+    grid: str | None = None  # the spec, as named in the head's tree
+    arm: str | None = None  # the spec's arm config both revisions ran
+    cells: list[dict] = field(default_factory=list)
+    outcome: str | None = None
+
+
+@dataclass(kw_only=True)
 class BoxResult(Part):
     """The box's part of a run (`box/job.py`), folded into the record on the driver (`Record.merge`)."""
     box: dict = field(default_factory=dict)  # identity from Ray + gpu, backend
@@ -186,6 +213,7 @@ class BoxResult(Part):
     suites: list[Suite] = field(default_factory=list)
     mutations: list[Mutation] = field(default_factory=list)
     grid: dict | None = None
+    compare: Compare | None = _opt(omit_none=True)  # a comparison's box part (md5s, builds of both sides)
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
     timings: dict = field(default_factory=dict)
@@ -196,7 +224,7 @@ class Record(Part):
     """One gate run (DESIGN, "Run record"). Only `run_id` and `state` are required: a run that
     ended early (ERROR before the build) has the rest empty."""
     run_id: str
-    kind: str = "gate"
+    kind: str = "gate"  # gate | compare
     state: str  # QUEUED | RUNNING | PASSED | FAILED | ERROR | LOST
     head: Head = field(default_factory=Head)
     created_at: str | float | None = None
@@ -216,6 +244,7 @@ class Record(Part):
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
     interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
+    compare: Compare | None = _opt(omit_none=True)  # kind compare: the base, the head, each cell's outcome
     timings: dict = field(default_factory=dict)  # {archive_s, transfer_s, build_s, lock_wait_s, ..., total_s}
     report_path: str | None = None
 
@@ -269,6 +298,8 @@ class Record(Part):
         for name in ("versions", "lock", "idle", "sacred", "gate_set", "build", "residency", "suites",
                      "mutations", "grid", "error"):
             setattr(self, name, getattr(part, name))
+        if part.compare is not None:  # a comparison: the box's halves of both sides
+            self.compare = part.compare
         self.not_run.extend(part.not_run)
         self.timings.update({k: v for k, v in part.timings.items() if k != "fetch_s"})
         self.timings["transfer_s"] = round(put_s + part.timings.get("fetch_s", 0.0), 3)
