@@ -285,6 +285,8 @@ class Record(Part):
     @property
     def shown_state(self) -> str:
         """`PASSED (partial: a, b not run on this box)` for a partial pass; the stored state otherwise."""
+        if self.kind == "compare" and self.compare is not None and self.compare.outcome:
+            return f"{self.state} (compare: {self.compare.outcome})"  # never read as a gate's pass
         if not self.is_partial:
             return self.state
         return f"PASSED (partial: {', '.join(s.name for s in self.suites_not_run)} not run on this box)"

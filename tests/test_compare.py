@@ -190,3 +190,14 @@ def test_regression_report_headline(tmp_path):
     repo, _, _ = two_commits(tmp_path / "repo", 10.0, 9.0, legs=3)
     record, _ = compare_without_ray(repo, tmp_path)
     assert report.markdown(record).startswith("**regate compare: REGRESSION established**")
+
+
+def test_report_command_re_renders_a_comparison_as_one(tmp_path):
+    from orchestrator.commands.report import report as report_cmd
+    repo, base, _ = two_commits(tmp_path / "repo", 10.0, 9.0, legs=2)
+    record, _ = compare_without_ray(repo, tmp_path)
+    md = report_cmd(record.run_id, fmt="md", db_path=tmp_path / "r.db")
+    assert md.startswith("**regate compare: no regression established (claims owed)**") and base in md
+    page = Path(report_cmd(record.run_id, db_path=tmp_path / "r.db", out=tmp_path / "again"))
+    assert "Compare report" in page.read_text() and page.with_suffix(".md").is_file()
+    assert record.shown_state == "PASSED (compare: no regression established; some claims owed)"
