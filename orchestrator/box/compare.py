@@ -28,7 +28,6 @@ from orchestrator.box.build import BuildError, build
 from orchestrator.box.grid import CHECKPOINT_TIMEOUT_S, GridJobError, TreeCommand, spec_path
 from orchestrator.box.job import HOOK_CORRUPT, JobError, versions
 from orchestrator.box.lock import LockTimeout, box_lock
-from orchestrator.box.suites import NO_GPU
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
 from orchestrator.driver.provenance import md5_of, unpack
@@ -37,6 +36,7 @@ from orchestrator.record import BoxResult, Build, Compare, Idle, Lock, NotRun, S
 Emit = Callable[[dict], None]
 Fetch = Callable[[int], tuple[bytes, float]]  # index 0: the base's tarball, 1: the head's
 SIDES = ("base", "head")  # the arms' names, in the order of the first leg
+NO_CUDA_BENCH = "no CUDA bench was run: this box has no GPU (the grid's arms ran on their own backend)"
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def run_compare_job(spec: CompareSpec, identity: dict, fetch: Fetch, emit: Emit,
     parts = BoxResult(box={**identity, "gpu": ", ".join(g.name for g in gpus) or None,
                            "backend": "cuda" if gpus else "cpu"}, versions=versions(), compare=Compare())
     if not gpus:
-        parts.not_run.append(NotRun(what="CUDA benches", why=NO_GPU))
+        parts.not_run.append(NotRun(what="CUDA benches", why=NO_CUDA_BENCH))
     try:
         _verified_and_compared(spec, fetch, emit, cancelled, parts)
     except (JobError, BuildError, LockTimeout, GridJobError, TreeRunError) as e:
