@@ -83,6 +83,9 @@ class Backend:
                 record = db.get(conn, run_id)
             except KeyError as e:
                 raise NotFound(e.args[0]) from None
+            if record.kind == "compare":  # a comparison's own page
+                from orchestrator.report.compare import html as compare_html
+                return compare_html(record)
             return html(record, owed.list_open(conn, record.head.sha))
 
 
