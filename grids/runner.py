@@ -8,6 +8,8 @@ the tokens/s the verdict uses. After each leg the cell's verdict is recomputed; 
 
 Processes are not this module's business: the caller passes `bench` (run one bench process with these
 arguments, return its output) and `checkpoint` (the model directory for a cell's checkpoint parameters).
+`benches` (arm name -> runner) gives an arm its own bench runner instead: `orchestrator compare` runs
+two revisions as the two arms, each arm's bench a fresh process of its own tree.
 The orchestrator's are the head's tree runner and the head's own checkpoint cache
 (`orchestrator.box.grid`); a test's may be a fake script or a plain function.
 """
@@ -18,7 +20,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,14 +102,17 @@ def _tail(text: str | bytes | None) -> str:
     return (text or "")[-STDERR_TAIL:] or "(empty)"
 
 
-def run_grid(spec: GridSpec, *, bench: Run, checkpoint: Checkpoint, attribute: Run | None = None,
+def run_grid(spec: GridSpec, *, bench: Run | None = None, checkpoint: Checkpoint, attribute: Run | None = None,
              until_binding: bool = False, max_legs: int | None = None,
              progress: Callable[[Progress], None] | None = None,
-             out: str | Path | None = None, bench_command: Sequence[str] = ()) -> dict:
+             out: str | Path | None = None, bench_command: Sequence[str] = (),
+             benches: Mapping[str, Run] | None = None) -> dict:
     """Run the grid and return its result (see docs/GRIDS.md); `out` is rewritten atomically
     after every leg, so an interrupted grid keeps the legs it finished (`complete: false`).
     With the spec's `attribute`, each cell then gets one `attribute` run per arm (grids.attribution).
-    `bench_command` is recorded as what `bench` runs."""
+    `bench_command` is recorded as what `bench` runs. `benches` maps an arm's name to its own bench
+    runner; an arm it does not name runs `bench`."""
+    runs = arm_benches(spec, bench, benches)
     cap = max_legs if max_legs is not None else spec.max_legs
     if cap < 1:
         raise GridError(f"max_legs: expected an integer >= 1, found {cap!r}")
@@ -121,7 +126,7 @@ def run_grid(spec: GridSpec, *, bench: Run, checkpoint: Checkpoint, attribute: R
     leg = 0
     while active := _cells_needing_a_leg(spec, result["cells"], leg, until_binding, cap):
         for i in active:
-            _run_leg(spec, bench, i, result["cells"][i], leg, progress)
+            _run_leg(spec, runs, i, result["cells"][i], leg, progress)
         leg += 1
         if out is not None:
             write_json_atomic(out, result)
@@ -131,6 +136,21 @@ def run_grid(spec: GridSpec, *, bench: Run, checkpoint: Checkpoint, attribute: R
     if out is not None:
         write_json_atomic(out, result)
     return result
+
+
+def arm_benches(spec: GridSpec, bench: Run | None, benches: Mapping[str, Run] | None) -> dict[str, Run]:
+    """Each arm's bench runner: its own from `benches`, else the shared `bench`; GridError naming
+    an arm with neither, or a runner given for an arm the spec does not have."""
+    benches = dict(benches or {})
+    names = [a.name for a in spec.arms]
+    stray = sorted(set(benches) - set(names))
+    if stray:
+        raise GridError(f"{spec.source}: benches: {stray[0]!r} is not an arm of the spec "
+                        f"(arms: {', '.join(names)})")
+    missing = [n for n in names if benches.get(n, bench) is None]
+    if missing:
+        raise GridError(f"{spec.source}: arm {missing[0]}: no bench runner given (bench or benches[{missing[0]!r}])")
+    return {n: benches.get(n, bench) for n in names}
 
 
 def refuse_unbindable(legs: int, cap: int, source: str) -> None:
@@ -169,14 +189,14 @@ def _cells_needing_a_leg(spec: GridSpec, cells: list[dict], leg: int, until_bind
     return [i for i, c in enumerate(cells) if c["verdict"]["magnitude"]["state"] != "binding"]
 
 
-def _run_leg(spec: GridSpec, bench: Run, index: int, record: dict, leg: int,
+def _run_leg(spec: GridSpec, runs: Mapping[str, Run], index: int, record: dict, leg: int,
              progress: Callable[[Progress], None] | None) -> None:
     cell = spec.cells[index]
     order = arm_order(spec.arms, leg)
     for arm in order:
         where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, leg {leg + 1}"
         started = time.perf_counter()
-        got = run_bench(bench, bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
+        got = run_bench(runs[arm.name], bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
         record["arms"][arm.name]["legs"].append(float(got["decode_tok_s"]))
         record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))

@@ -18,6 +18,7 @@ from orchestrator.errors import error_line
 
 COMMANDS = (
     "orchestrator.commands.gate",  # orchestrator gate
+    "orchestrator.commands.compare",  # orchestrator compare
     "orchestrator.commands.runs",  # orchestrator runs / show
     "orchestrator.commands.verdict",  # orchestrator verdict
     "orchestrator.commands.grid",  # orchestrator grid

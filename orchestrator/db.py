@@ -161,6 +161,14 @@ def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
     return load(row[0]) if row else None
 
 
+def last_green(conn: sqlite3.Connection, box: str) -> str | None:
+    """The sha of the newest PASSED gate on `box` (a partial pass included: nothing it ran was red),
+    None when there is none. A comparison is not a gate: its PASSED never counts."""
+    rows = conn.execute("SELECT record FROM runs WHERE box=? AND state='PASSED' ORDER BY created_at DESC, run_id DESC",
+                        (box,))
+    return next((r.head.sha for r in map(lambda row: load(row[0]), rows) if r.kind == "gate"), None)
+
+
 def get(conn: sqlite3.Connection, run_id: str) -> Record:
     """The record of `run_id` (a unique prefix is enough); KeyError naming what matched."""
     if not run_id:

@@ -11,8 +11,9 @@ stored record and `--json` line has carried. Keys this module does not know are 
 written back, so reading and writing a record never loses a field. `grid` (grids.runner.run_grid's
 result) and `residency` (`engine info` readings) are other tools' JSON and stay plain data here.
 
-Versions: 1 (or none) is the record as the dict-building code wrote it; 2 is this module's; 3 adds the
-kind `grid` (a standalone `orchestrator grid`, `driver/standalone_grid.py`) and `head.dirty`, which a
+Versions: 1 (or none) is the record as the dict-building code wrote it; 2 is this module's; 3 adds
+the kinds `grid` (a standalone `orchestrator grid`, `driver/standalone_grid.py`) and `compare`
+(`orchestrator compare`: a head against a base, its `compare` part) and `head.dirty`, which a
 version-2 reader would take for a gate and lose. A record that is not one raises RecordError naming
 the run and the field.
 """
@@ -27,7 +28,7 @@ from typing import Any, Literal
 
 SCHEMA_VERSION = 3
 # What a run is: a gate (`orchestrator gate`, the service) or a standalone grid (`orchestrator grid`).
-Kind = Literal["gate", "grid"]
+Kind = Literal["gate", "grid", "compare"]
 
 
 class RecordError(ValueError):
@@ -188,6 +189,30 @@ class Live(Part):
 
 
 @dataclass(kw_only=True)
+class Side(Part):
+    """One revision of a comparison: what was shipped (driver) and what the box received and built."""
+    rev: str | None = None
+    sha: str | None = None
+    md5_driver: str | None = None
+    md5_box: str | None = None
+    archive_bytes: int | None = None
+    build: Build | None = None
+
+
+@dataclass(kw_only=True)
+class Compare(Part):
+    """`orchestrator compare`: the head against its base over one arm config of a grid (the grid's
+    cells are in `Record.grid`, its arms named `base` and `head`); `cells` is each cell's outcome
+    (grids.regression), `outcome` the run's."""
+    base: Side = field(default_factory=Side)
+    head: Side = field(default_factory=Side)
+    grid: str | None = None  # the spec, as named in the head's tree
+    arm: str | None = None  # the spec's arm config both revisions ran
+    cells: list[dict] = field(default_factory=list)
+    outcome: str | None = None
+
+
+@dataclass(kw_only=True)
 class BoxResult(Part):
     """The box's part of a run (`box/job.py`), folded into the record on the driver (`Record.merge`)."""
     box: dict = field(default_factory=dict)  # identity from Ray + gpu, backend
@@ -203,6 +228,7 @@ class BoxResult(Part):
     suites: list[Suite] = field(default_factory=list)
     mutations: list[Mutation] = field(default_factory=list)
     grid: dict | None = None
+    compare: Compare | None = _opt(omit_none=True)  # a comparison's box part (md5s, builds of both sides)
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
     timings: dict = field(default_factory=dict)
@@ -234,6 +260,7 @@ class Record(Part):
     error: str | None = None
     interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
     live: Live | None = _opt(omit_none=True)  # the current step while QUEUED/RUNNING
+    compare: Compare | None = _opt(omit_none=True)  # kind compare: the base, the head, each cell's outcome
     timings: dict = field(default_factory=dict)  # {archive_s, transfer_s, build_s, lock_wait_s, ..., total_s}
     report_path: str | None = None
 
@@ -274,9 +301,12 @@ class Record(Part):
     @property
     def shown_state(self) -> str:
         """`PASSED (partial: a, b not run on this box)` for a partial pass; a grid that ran to its end
-        `DONE (grid only: no gate ran)`, never read as a pass; the stored state otherwise."""
+        `DONE (grid only: no gate ran)`, a comparison `<state> (compare: <outcome>)`, neither ever read
+        as a gate's pass; the stored state otherwise."""
         if self.kind == "grid" and self.state == "PASSED":
             return GRID_DONE
+        if self.kind == "compare" and self.compare is not None and self.compare.outcome:
+            return f"{self.state} (compare: {self.compare.outcome})"
         if not self.is_partial:
             return self.state
         return f"PASSED (partial: {', '.join(s.name for s in self.suites_not_run)} not run on this box)"
@@ -290,6 +320,8 @@ class Record(Part):
         for name in ("versions", "lock", "idle", "sacred", "gate_set", "build", "residency", "suites",
                      "mutations", "grid", "error"):
             setattr(self, name, getattr(part, name))
+        if part.compare is not None:  # a comparison: the box's halves of both sides
+            self.compare = part.compare
         self.not_run.extend(part.not_run)
         self.timings.update({k: v for k, v in part.timings.items() if k != "fetch_s"})
         self.timings["transfer_s"] = round(put_s + part.timings.get("fetch_s", 0.0), 3)

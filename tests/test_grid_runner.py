@@ -228,3 +228,36 @@ def test_the_attribution_runner_follows_the_bench_runner(tmp_path):
         parse_attribute('{"schema_version": 1, "kind": "attribution", "parts": [{"ms": 1}]}', "w")
     with pytest.raises(Exception, match="printed no JSON line"):
         parse_attribute("nothing", "w")
+
+
+# ---- per-arm bench runners (orchestrator compare: each revision's own tree) -------------------------
+
+def test_each_arm_may_have_its_own_bench_runner(tmp_path):
+    seen = []
+
+    def runner(name, rate):
+        def run(args, timeout_s):
+            seen.append(name)
+            return json.dumps({"schema_version": 1, "decode_tok_s": rate})
+        return run
+    result = run_grid(_spec(legs=2), benches={"packed": runner("P", 11.0), "dequant": runner("D", 9.0)},
+                      checkpoint=lambda **p: tmp_path)
+    assert seen == ["P", "D", "D", "P"]  # alternation kept, each arm on its own runner
+    assert result["cells"][0]["arms"]["dequant"]["legs"] == [9.0, 9.0]
+
+
+def test_a_shared_bench_fills_the_arms_benches_does_not_name(tmp_path):
+    shared = lambda args, timeout_s: json.dumps({"schema_version": 1, "decode_tok_s": 5.0})  # noqa: E731
+    own = lambda args, timeout_s: json.dumps({"schema_version": 1, "decode_tok_s": 7.0})  # noqa: E731
+    result = run_grid(_spec(legs=1), bench=shared, benches={"packed": own}, checkpoint=lambda **p: tmp_path)
+    arms = result["cells"][0]["arms"]
+    assert (arms["packed"]["legs"], arms["dequant"]["legs"]) == ([7.0], [5.0])
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"benches": {"packed": lambda a, t: ""}}, "arm dequant: no bench runner given"),
+    ({"bench": lambda a, t: "", "benches": {"fp8": lambda a, t: ""}}, "'fp8' is not an arm of the spec"),
+])
+def test_bench_runners_that_do_not_cover_the_arms_are_refused(tmp_path, kw, words):
+    with pytest.raises(GridError, match=words):
+        run_grid(_spec(), checkpoint=lambda **p: tmp_path, **kw)

@@ -76,7 +76,7 @@ def test_optional_fields_stay_absent_when_unset():
     (lambda r: r.update(lock="held"), "lock: expected an object, found 'held'"),
     (lambda r: r["mutations"][0].update(failures=True), r"mutations\[0\].failures: expected an integer"),
     (lambda r: r.update(schema_version=SCHEMA_VERSION + 1), "schema_version: expected 1..3, found 4"),
-    (lambda r: r.update(kind="bench"), "run record r-0001: kind: expected one of gate, grid, found 'bench'"),
+    (lambda r: r.update(kind="bench"), "run record r-0001: kind: expected one of gate, grid, compare, found 'bench'"),
     (lambda r: r["head"].update(dirty="yes"), "head.dirty: expected true or false, found 'yes'"),
 ])
 def test_a_bad_record_names_the_field(change, message):

@@ -61,6 +61,8 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
     try:
         record = load_record(conn, run_id)
         items = owed.list_open(conn, record.head.sha or None)
+        if record.kind == "compare":  # a comparison's own page (orchestrator/report/compare.py)
+            return _compare(record, fmt, Path(out or reports_dir), conn)
         if fmt == "md":
             return render_markdown(record, owed=items)
         reports_dir = Path(out or reports_dir)
@@ -69,6 +71,15 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
         return str(path)
     finally:
         conn.close()
+
+
+def _compare(record: Record, fmt: str, reports_dir: Path, conn) -> str:
+    from orchestrator.report import compare
+    if fmt == "md":
+        return compare.markdown(record)
+    path = compare.render(record, reports_dir)
+    render_index(db.list_runs(conn, limit=1000), reports_dir)
+    return str(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,7 @@
 and the service's queue both call `check_grid`."""
 from __future__ import annotations
 
-from grids.spec import SpecError, parse_spec_text, repo_relative
+from grids.spec import GridSpec, SpecError, parse_spec_text, repo_relative
 from orchestrator.driver.provenance import Archive, read_member
 
 
@@ -29,3 +29,12 @@ def check_grid(arch: Archive, grid: str) -> str:
                 raise RequestError(str(e)) from None  # names the spec, the head and the key
             return grid
     raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
+
+
+def read_grid(arch: Archive, grid: str) -> GridSpec:
+    """The spec `check_grid` accepted, parsed from the archive (`orchestrator compare` reads its arms)."""
+    for c in (grid, f"grids/{grid}", f"grids/{grid}.yaml"):
+        text = read_member(arch.tarball, c)
+        if text is not None:
+            return parse_spec_text(text, f"{c} at {arch.sha[:12]}")
+    raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]}")

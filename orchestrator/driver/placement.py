@@ -66,9 +66,10 @@ def place(config: Config, conn, spec: JobSpec, arch, record: Record, progress: C
     try:
         check_box(spec.box.name)
         t = time.monotonic()
-        ref = ray.put(arch.tarball)  # once: the box fetches it from the object store
+        # once each: the box fetches them from the object store (a comparison ships two: `tarballs`)
+        refs = [ray.put(t) for t in getattr(arch, "tarballs", (arch.tarball,))]
         put_s = time.monotonic() - t
-        gen = submit(spec, ref)
+        gen = submit(spec, refs)
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
         record.merge(parts, put_s)
     except PLACEMENT_FAILURES as e:
@@ -155,13 +156,14 @@ def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
 
-    def fetch() -> tuple[bytes, float]:
+    def fetch(i: int = 0) -> tuple[bytes, float]:
         t = time.monotonic()
-        return ray.get(tar_refs[0]), time.monotonic() - t
+        return ray.get(tar_refs[i]), time.monotonic() - t
+    job = getattr(type(spec), "box_job", run_job)  # a spec of another kind names its own job (box/compare.py)
 
     def body() -> None:
         box = {k: ident[k] for k in ("name", "node_id", "labels")}
-        events.put({"event": "result", "parts": run_job(spec, box, fetch, events.put, cancel.is_set)})
+        events.put({"event": "result", "parts": job(spec, box, fetch, events.put, cancel.is_set)})
     worker = threading.Thread(target=body, name=f"gate-{spec.run_id}", daemon=True)
     worker.start()
     try:
@@ -179,10 +181,12 @@ def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
         raise
 
 
-def submit(spec: JobSpec, tarball_ref) -> "ray.ObjectRefGenerator":
+def submit(spec: JobSpec, tarball_refs) -> "ray.ObjectRefGenerator":
+    """The job's task on its box; `tarball_refs`: one ref, or a list (a comparison's base and head)."""
     opts = dict(resources={box_resource(spec.box.name): 1}, num_gpus=spec.box.gpus, num_cpus=1,
-                max_retries=0, name=f"gate:{spec.run_id}")
-    return _gate_task.options(**opts).remote(spec, [tarball_ref])
+                max_retries=0, name=f"{getattr(spec, 'kind', 'gate')}:{spec.run_id}")
+    refs = tarball_refs if isinstance(tarball_refs, list) else [tarball_refs]
+    return _gate_task.options(**opts).remote(spec, refs)
 
 
 def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], None],

@@ -21,6 +21,6 @@ def shown_state(record: Record | dict) -> str:
 def state_class(record: Record | dict) -> str:
     """The report's colour class: a partial pass is never coloured as a full one."""
     record = Record.of(record)
-    if record.kind == "grid" and record.state == "PASSED":
-        return "DONE"  # a grid that ran to its end gated nothing: never coloured as a pass
+    if record.kind in ("grid", "compare") and record.state == "PASSED":
+        return "DONE"  # a grid or a comparison that ran to its end gated nothing: never coloured as a pass
     return "PARTIAL" if record.is_partial else record.state

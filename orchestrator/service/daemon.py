@@ -85,6 +85,9 @@ class Backend:
                 record = db.get(conn, run_id)
             except KeyError as e:
                 raise NotFound(e.args[0]) from None
+            if record.kind == "compare":  # a comparison's own page
+                from orchestrator.report.compare import html as compare_html
+                return compare_html(record)
             return html(record, owed.list_open(conn, record.head.sha))
 
 
@@ -133,7 +136,8 @@ class Service:
         conn = self._connect()
         scheduler = Scheduler(conn, self.schedules, lambda rev: resolve(self.repo, rev),
                               lambda sha, grid, box: service_queue.has_binding_grid(conn, sha, grid, box),
-                              self._queue_grid, clock=self.clock)
+                              self._queue_grid, clock=self.clock,
+                              last_green=lambda box: db.last_green(conn, box), run_compare=self._start_compare)
         sweep_every = max(1, int(self.config.timeouts.heartbeat_s / self.poll_s))
         try:
             for n in itertools.count():
@@ -161,6 +165,22 @@ class Service:
             record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, s.box, s.grid, True,
                                               f"schedule:{s.id}")
         return record.run_id
+
+    def _start_compare(self, s: Schedule, base: str, sha: str) -> str:
+        """A compare firing runs at once in its own thread (Ray queues it behind any job on the box);
+        its run id is chosen here so the firing names it. A service stopped under it leaves the row to
+        the heartbeat reconcile (LOST, saying so)."""
+        from orchestrator.driver.compare import run_compare
+        run_id = db.new_run_id(sha)
+
+        def body() -> None:
+            try:
+                self.ray.ensure(self.config.box(s.box))
+                run_compare(self.config, base, sha, self.repo, s.box, s.grid, progress=_log_event, run_id=run_id)
+            except Exception:
+                log.exception("schedule %s: comparison %s failed", s.id, run_id)
+        threading.Thread(target=body, name=f"compare-{s.id}", daemon=True).start()
+        return run_id
 
     def _work(self, box: str) -> None:
         conn = self._connect()

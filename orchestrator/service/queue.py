@@ -167,7 +167,8 @@ def has_binding_grid(conn: sqlite3.Connection, sha: str, grid: str, box: str) ->
     """A finished run of `sha` on `box` whose `grid` made every cell's magnitude binding."""
     rows = conn.execute("SELECT record FROM runs WHERE sha = ? AND box = ? AND state IN ('PASSED', 'FAILED')",
                         (sha, box)).fetchall()
-    return any(_binding(db.load(r[0]).grid, grid) for r in rows)
+    records = (db.load(r[0]) for r in rows)
+    return any(_binding(rec.grid, grid) for rec in records if rec.kind == "gate")  # a comparison's grid is base vs head
 
 
 def _binding(result: dict | None, grid: str) -> bool:

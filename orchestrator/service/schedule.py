@@ -7,8 +7,14 @@ share one database. A per-schedule cursor remembers how far the schedule has bee
 missed while the service was down are found on the next start and handled by the catch-up policy
 (`skip`: record them as missed; `run-once`: run the latest of them, record the rest as missed).
 
+A schedule's `kind` is `gate` (the default: queue a gate of the revision with its grid) or `compare`
+(`orchestrator compare` of the revision against `base`, a revision or `last-green`: the newest PASSED
+gate's sha on the schedule's box). A compare firing with no green gate yet, or whose base is the head
+itself, is recorded SKIPPED with the reason; it never guesses a base.
+
 This module knows nothing about Ray, gates or HTTP: the clock, resolving a revision, asking whether a
-head already has a binding grid and queueing the grid are passed in, so it is tested with a fake clock.
+head already has a binding grid, queueing the grid, finding the last green gate and starting a
+comparison are passed in, so it is tested with a fake clock.
 """
 from __future__ import annotations
 
@@ -26,8 +32,10 @@ from croniter import croniter
 CATCH_UP_POLICIES = ("skip", "run-once")
 # Outcomes of a firing row. CLAIMED is transient: the service stopped between claim and action when
 # one survives a restart, and `reconcile_claimed` turns it into ABANDONED (at most once, never twice).
-CLAIMED, QUEUED, ALREADY_MEASURED, MISSED, ERROR, ABANDONED = (
-    "CLAIMED", "QUEUED", "ALREADY_MEASURED", "MISSED", "ERROR", "ABANDONED")
+CLAIMED, QUEUED, ALREADY_MEASURED, MISSED, ERROR, ABANDONED, SKIPPED = (
+    "CLAIMED", "QUEUED", "ALREADY_MEASURED", "MISSED", "ERROR", "ABANDONED", "SKIPPED")
+KINDS = ("gate", "compare")
+LAST_GREEN = "last-green"  # a compare schedule's base: the newest PASSED gate's sha on its box
 # A firing later than this after its scheduled time counts as missed (the APScheduler "misfire grace").
 DEFAULT_GRACE_S = 300.0
 # A service down for months with a per-minute cron would otherwise record every minute it missed.
@@ -48,6 +56,8 @@ class Schedule:
     timezone: str = "UTC"
     catch_up: str = "skip"
     always: bool = False  # re-run even when the resolved sha already has a binding grid
+    kind: str = "gate"  # gate | compare
+    base: str | None = None  # compare only: a revision, or `last-green`
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ class FakeClock:
 
 # --- config -----------------------------------------------------------------------------------------
 
-_KEYS = {"id", "cron", "rev", "grid", "box", "timezone", "catch_up", "always"}
+_KEYS = {"id", "cron", "rev", "grid", "box", "timezone", "catch_up", "always", "kind", "base"}
 
 
 def parse_schedules(raw: Any, source: str = "orchestrator.yaml",
@@ -109,7 +119,7 @@ def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None) -> Schedule
             raise ScheduleError(f"{where}.{key}: expected a non-empty string, found {item.get(key)!r}")
     s = Schedule(id=item["id"], cron=item["cron"], rev=item["rev"], grid=item["grid"], box=item["box"],
                  timezone=item.get("timezone", "UTC"), catch_up=item.get("catch_up", "skip"),
-                 always=item.get("always", False))
+                 always=item.get("always", False), kind=item.get("kind", "gate"), base=item.get("base"))
     if not croniter.is_valid(s.cron):
         raise ScheduleError(f"{where}.cron: invalid cron expression {s.cron!r}")
     try:
@@ -120,9 +130,21 @@ def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None) -> Schedule
         raise ScheduleError(f"{where}.catch_up: expected one of {CATCH_UP_POLICIES}, found {s.catch_up!r}")
     if not isinstance(s.always, bool):
         raise ScheduleError(f"{where}.always: expected true or false, found {s.always!r}")
+    _check_kind(s, where)
     if boxes is not None and s.box not in boxes:
         raise ScheduleError(f"{where}.box: unknown box {s.box!r} (configured: {', '.join(boxes)})")
     return s
+
+
+def _check_kind(s: Schedule, where: str) -> None:
+    if s.kind not in KINDS:
+        raise ScheduleError(f"{where}.kind: expected one of {KINDS}, found {s.kind!r}")
+    if s.kind == "compare" and (not isinstance(s.base, str) or not s.base.strip()):
+        raise ScheduleError(f"{where}.base: a compare schedule needs a base (a revision, or {LAST_GREEN!r}), "
+                            f"found {s.base!r}")
+    if s.kind == "gate" and s.base is not None:
+        raise ScheduleError(f"{where}.base: only a compare schedule has a base (kind is gate); "
+                            "set kind: compare, or remove base")
 
 
 def load_schedules(path, boxes: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
@@ -244,6 +266,8 @@ def reconcile_claimed(conn: sqlite3.Connection) -> int:
 Resolve = Callable[[str], str]  # rev -> sha; raises on an unknown revision
 HasBindingGrid = Callable[[str, str, str], bool]  # (sha, grid spec, box)
 RunGrid = Callable[[Schedule, str], str]  # (schedule, sha) -> run id of the queued grid
+LastGreen = Callable[[str], "str | None"]  # box -> the newest PASSED gate's sha there, None if none
+RunCompare = Callable[[Schedule, str, str], str]  # (schedule, base sha, head sha) -> run id of the comparison
 
 
 @dataclass
@@ -255,6 +279,8 @@ class Scheduler:
     run_grid: RunGrid
     clock: Clock = field(default_factory=SystemClock)
     grace_s: float = DEFAULT_GRACE_S
+    last_green: LastGreen | None = None  # compare schedules only
+    run_compare: RunCompare | None = None
 
     def __post_init__(self) -> None:
         ensure_schema(self.conn)
@@ -300,11 +326,29 @@ class Scheduler:
                               " WHERE excluded.checked_through > checked_through", (s.id, _iso(now)))
         return claimed
 
+    def _compare(self, s: Schedule, t: datetime, sha: str) -> Firing:
+        """A compare firing: its base resolved (last-green from the db), SKIPPED when there is none."""
+        if self.run_compare is None or self.last_green is None:
+            raise ScheduleError(f"schedule {s.id}: kind compare, and this service runs no comparisons")
+        if s.base == LAST_GREEN:
+            base = self.last_green(s.box)
+            if base is None:
+                return Firing(s.id, t, SKIPPED, sha, detail=f"skipped: no green gate on box {s.box} yet "
+                                                            f"(base: {LAST_GREEN})")
+        else:
+            base = self.resolve(s.base)
+        if base == sha:
+            return Firing(s.id, t, SKIPPED, sha, detail=f"skipped: base {s.base} is {sha[:12]}, the head itself: "
+                                                        "nothing to compare")
+        return Firing(s.id, t, QUEUED, sha, self.run_compare(s, base, sha), detail=f"base {base[:12]}")
+
     def _act(self, s: Schedule, t: datetime) -> Firing:
         sha = None
         try:
             sha = self.resolve(s.rev)
-            if not s.always and self.has_binding_grid(sha, s.grid, s.box):
+            if s.kind == "compare":
+                f = self._compare(s, t, sha)
+            elif not s.always and self.has_binding_grid(sha, s.grid, s.box):
                 f = Firing(s.id, t, ALREADY_MEASURED, sha, detail=f"{sha[:12]} has a binding {s.grid} grid")
             else:
                 f = Firing(s.id, t, QUEUED, sha, self.run_grid(s, sha))

@@ -1,0 +1,119 @@
+"""The report of a comparison (`orchestrator compare`): an HTML page and a Markdown PR body, from the
+record alone.
+
+What it may claim comes from the same places as a gate's report: each cell's verdict (grids.verdict),
+its outcome in the head's orientation (grids.regression: ratio = head / base), and the established /
+owed split of `report.claims`, the split the owed ledger keeps. A comparison never says "not slower"
+when the slowdown is only indicated or its size owed: the headline says "no regression established"
+and the owed items sit under it. Files are written atomically (temp file + rename).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from grids.spec import Policy
+from orchestrator.record import Compare, Record, Side
+from orchestrator.report import claims as claims_mod
+from orchestrator.report.render import report_name, write_atomic
+
+_TEMPLATES = Path(__file__).with_name("templates")
+
+
+def _legs(xs) -> str:
+    return ", ".join(f"{x:.3f}" for x in xs or [])
+
+
+def _env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update({
+        "legs": _legs,
+        "ratio": lambda x: "—" if x is None else f"{x:.4f}",
+        "ci": lambda ci: "—" if not ci or None in ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
+        "pct": lambda x: "—" if x is None else f"{x:.2%}",
+        "num": lambda x: "—" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x),
+        "oneline": lambda t: " ".join(str(t or "").split()).replace("|", "\\|"),
+    })
+    return env
+
+
+_HTML, _MD = _env(True), _env(False)
+
+
+def headline(record: Record) -> tuple[str, str]:
+    """(what the page says at the top, its colour class): a regression only when established."""
+    comp = record.compare or Compare()
+    if record.state == "FAILED":
+        return "REGRESSION established", "FAILED"
+    if record.state == "PASSED":
+        owed = not all(c.get("established") for c in comp.cells)
+        return ("no regression established" + (" (claims owed)" if owed else ""), "PARTIAL" if owed else "PASSED")
+    return record.state, record.state
+
+
+def _side(side: Side) -> dict:
+    build = side.build
+    return {"rev": side.rev, "sha": side.sha, "short": (side.sha or "?")[:12], "md5_driver": side.md5_driver,
+            "md5_box": side.md5_box, "archive_bytes": side.archive_bytes,
+            "md5_match": None if not (side.md5_driver and side.md5_box) else side.md5_driver == side.md5_box,
+            "markers": build.markers if build else [], "missing": build.missing if build else [],
+            "build_s": build.duration_s if build else None}
+
+
+def _cells(record: Record) -> list[dict]:
+    """Each measured cell: its outcome (head / base), the verdict's states, and every leg's number."""
+    comp = record.compare or Compare()
+    outcomes = {c.get("label"): c for c in comp.cells}
+    out = []
+    for cell in claims_mod.grid_cells(record):
+        label = (cell.get("cell") or {}).get("label")
+        verdict = cell.get("verdict") or {}
+        arms = cell.get("arms") or {}
+        out.append({"label": label, "outcome": outcomes.get(label, {"outcome": "not measured", "ratio": None,
+                                                                     "ci": None, "why": "no verdict"}),
+                    "direction": (verdict.get("direction") or {}).get("state"),
+                    "p": (verdict.get("direction") or {}).get("p"),
+                    "magnitude": (verdict.get("magnitude") or {}).get("state"),
+                    "legs": {s: (arms.get(s) or {}).get("legs", []) for s in ("base", "head")},
+                    "medians": {s: ((verdict.get("arms") or {}).get(s) or {}).get("median") for s in ("base", "head")},
+                    "orders": [" ".join(o) for o in cell.get("orders", [])],
+                    "wall_s": {s: (arms.get(s) or {}).get("wall_s", []) for s in ("base", "head")}})
+    return out
+
+
+def view(record: Record | dict) -> dict:
+    record = Record.of(record)
+    comp = record.compare or Compare()
+    established, owed = claims_mod.claims(record)
+    text, cls = headline(record)
+    # the grid's policy; a run that ended before its grid says the tolerance it would have used
+    policy = {"tolerance": Policy().tolerance, **((record.grid or {}).get("policy") or {})}
+    return {"run_id": record.run_id, "state": record.state, "headline": text, "cls": cls, "error": record.error,
+            "outcome": comp.outcome, "grid": comp.grid, "arm": comp.arm, "policy": policy,
+            "legs": (record.grid or {}).get("legs"), "box": record.box.to_json(),
+            "date": record.finished_at or record.created_at,
+            "base": _side(comp.base), "head": _side(comp.head), "cells": _cells(record),
+            "established": established, "owed": owed, "not_run": claims_mod.not_run(record),
+            "lock": record.lock.to_json() if record.lock else None, "timings": record.timings}
+
+
+def report_path(reports_dir, record: Record) -> Path:
+    return Path(reports_dir) / report_name(record.run_id)
+
+
+def html(record: Record | dict) -> str:
+    return _HTML.get_template("compare.html.j2").render(v=view(record))
+
+
+def markdown(record: Record | dict) -> str:
+    return _MD.get_template("compare.md.j2").render(v=view(record))
+
+
+def render(record: Record, reports_dir) -> Path:
+    """Write `<run_id>.html` and, next to it, `<run_id>.md` (the PR body)."""
+    path = report_path(reports_dir, record)
+    write_atomic(path.with_suffix(".md"), markdown(record))
+    return write_atomic(path, html(record))
