@@ -57,6 +57,7 @@ BAD_INPUTS = {  # each command with one bad input of its own, and what its messa
     "report": (["report", "x", "--db", "{tmp}/missing.db"], "no regate database at"),
     "owed": (["owed", "--reason", "why"], "--reason goes with --close ID"),
     "serve": (["serve", "--port", "0", "--config", "{tmp}/missing.yaml"], "missing.yaml: not found"),
+    "compare": (["compare", "--base", "no-such-base", "--head", "HEAD"], "no-such-base"),
     "click: unknown option": (["runs", "--bogus"], "No such option: --bogus"),
     "click: unknown command": (["nosuch"], "No such command 'nosuch'"),
     "click: bad value": (["verdict", "--legs", "a=1", "--alpha", "lots"], "'--alpha'"),

@@ -39,7 +39,7 @@ def test_case6_the_headline_of_a_cpu_only_pass_is_partial_everywhere():
     r = cpu_only_record()
     assert decide(Record.from_json(r)) == "PASSED" and shown_state(r) == PARTIAL
     page = html(r)
-    assert f'<span class="state">{PARTIAL}</span>' in page
+    assert f'<span class="state" id="live-state">{PARTIAL}</span>' in page
     assert 'class="verdict PARTIAL"' in page and 'class="verdict PASSED"' not in page
     verdict = squash(parse(page).text["verdict"])
     assert "not run CUDA gates; suite packed_gemm; mutation pins — a partial pass" in verdict

@@ -21,9 +21,10 @@ from orchestrator.commands.gate import HOOKS_ENV, ProgressPrinter
 from orchestrator.config import ConfigError, load_config
 from orchestrator.driver.compare import DEFAULT_GRID, CompareRequestError, exit_code, run_compare
 from orchestrator.driver.provenance import ProvenanceError
+from orchestrator.errors import error_line
+from orchestrator.ray_log import ray_output_to_log
 from orchestrator.record import Record
-
-PREFIX = "orchestrator: error: "
+from orchestrator.state_dir import CONFIG_HELP, logs_dir
 
 
 def summary(record: Record) -> dict:
@@ -38,7 +39,7 @@ def summary(record: Record) -> dict:
             "not_run": [n.to_json() for n in record.not_run], "error": record.error}
 
 
-def _final_lines(record: Record, console: Console) -> None:
+def _final_lines(record: Record, console: Console, ray_log=None) -> None:
     from orchestrator.report.claims import claims
     comp = record.compare
     for c in (comp.cells if comp else []):
@@ -49,13 +50,15 @@ def _final_lines(record: Record, console: Console) -> None:
     for n in record.not_run:
         console.print(f"  not run: {n.what}: {n.why}", highlight=False, markup=False)
     if record.error:
-        console.print(f"  error: {record.error}", highlight=False, markup=False)
+        console.print(error_line(record.error), highlight=False, markup=False)
+    if ray_log is not None and record.state in ("ERROR", "LOST"):  # where Ray's side of it is
+        console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
     console.print(f"{(comp.outcome if comp else None) or record.state}: run {record.run_id}  report: "
                   f"{record.report_path}", highlight=False, markup=False)
 
 
 def _fail(err: Console, message: str, as_json: bool) -> None:
-    err.print(PREFIX + message, highlight=False, markup=False)
+    err.print(error_line(message), highlight=False, markup=False)
     if as_json:
         print(json.dumps({"kind": "compare", "state": "ERROR", "exit_code": 2, "error": message}))
     raise typer.Exit(2)
@@ -69,7 +72,7 @@ def compare(
     arm: Optional[str] = typer.Option(None, "--arm", help="the spec's arm config both revisions run "
                                                           "(default: its first arm)"),
     repo: str = typer.Option(".", "--repo", help="repository holding both revisions"),
-    config: Optional[str] = typer.Option(None, "--config", help="orchestrator.yaml (default: built-in)"),
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
     box: Optional[str] = typer.Option(None, "--box", help="box to run on (default: the config's default)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (else $RAY_ADDRESS)"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the report as Markdown "
@@ -82,12 +85,14 @@ def compare(
     printer = ProgressPrinter(err)
     try:
         cfg = load_config(config, gpus=len(gpus()))
-        record = run_compare(cfg, base, head, repo, box, grid, arm, printer, address, hooks)
+        with ray_output_to_log() as ray_log:
+            record = run_compare(cfg, base, head, repo, box, grid, arm, printer, address, hooks)
     except (ConfigError, ProvenanceError, CompareRequestError) as e:
         printer.stop()
         _fail(err, str(e), as_json)
     printer.stop()
-    _final_lines(record, err)
+    kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
+    _final_lines(record, err, kept)
     if markdown is not None:
         _write_markdown(record, markdown, err, as_json)
     if as_json:
