@@ -201,3 +201,15 @@ def test_report_command_re_renders_a_comparison_as_one(tmp_path):
     page = Path(report_cmd(record.run_id, db_path=tmp_path / "r.db", out=tmp_path / "again"))
     assert "Compare report" in page.read_text() and page.with_suffix(".md").is_file()
     assert record.shown_state == "PASSED (compare: no regression established; some claims owed)"
+
+
+def test_the_compare_page_opens_in_chromium_without_console_errors(tmp_path):
+    from test_browser_report import CHROMIUM, chromium, console_messages
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    repo, base, head = two_commits(tmp_path / "repo", 10.0, 9.0, legs=3)
+    record, _ = compare_without_ray(repo, tmp_path)
+    run = chromium(tmp_path, "--dump-dom", Path(record.report_path).as_uri())
+    assert console_messages(run.stderr) == [], "console messages in the browser"
+    assert "Compare report" in run.stdout and base in run.stdout and head in run.stdout
+    assert "regression" in run.stdout and "<script" not in run.stdout
