@@ -26,12 +26,12 @@ from typing import Callable
 from orchestrator.box import idle
 from orchestrator.box.build import BuildError, build
 from orchestrator.box.grid import CHECKPOINT_TIMEOUT_S, GridJobError, TreeCommand, spec_path
-from orchestrator.box.job import HOOK_CORRUPT, JobError, versions
-from orchestrator.box.lock import LockTimeout, box_lock
+from orchestrator.box.job import HOOK_CORRUPT, JobError, held_idle_box, versions
+from orchestrator.box.lock import LockTimeout
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
 from orchestrator.driver.provenance import md5_of, unpack
-from orchestrator.record import BoxResult, Build, Compare, Idle, Lock, NotRun, Side
+from orchestrator.record import BoxResult, Build, Compare, NotRun, Side
 
 Emit = Callable[[dict], None]
 Fetch = Callable[[int], tuple[bytes, float]]  # index 0: the base's tarball, 1: the head's
@@ -135,17 +135,7 @@ def _build(spec: CompareSpec, side: str, tree: Tree, emit: Emit, parts: BoxResul
 
 
 def _under_lock(spec: CompareSpec, trees: dict[str, Tree], emit: Emit, parts: BoxResult) -> None:
-    head = trees["head"]
-    emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
-    on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
-    with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, head.cancelled, head) as held:
-        parts.lock, parts.timings["lock_wait_s"] = Lock.from_json(held), held["wait_s"]
-        emit({"event": "step", "step": "lock", "status": "done", "detail": f"waited {held['wait_s']:.1f} s"})
-        pol = spec.box.idle
-        on_busy = lambda msg: emit({"event": "step", "step": "idle", "status": "waiting", "detail": msg})  # noqa: E731
-        parts.idle = Idle.from_json(idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy))
-        if parts.idle.checked and not parts.idle.idle:
-            raise JobError(f"box {spec.box.name} is not idle: {parts.idle.detail}")
+    with held_idle_box(spec, trees["head"], emit, parts):  # both trees share the head's token and keeper
         t = time.monotonic()
         parts.grid = run_compare_grid(spec, trees, emit)
         parts.timings["grid_s"] = round(time.monotonic() - t, 3)

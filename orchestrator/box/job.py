@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -118,7 +119,11 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts: BoxResult, has_gpu)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> None:
+@contextmanager
+def held_idle_box(spec, tree: Tree, emit: Emit, parts: BoxResult):
+    """The box lock, taken through `tree` (its keeper frees it only once the run's processes are
+    reaped), then the idle check; lock and idle recorded in `parts`. A gate and a comparison both
+    measure only inside this."""
     emit({"event": "step", "step": "lock", "status": "start", "detail": spec.box.lock_path})
     on_wait = lambda msg: emit({"event": "step", "step": "lock", "status": "waiting", "detail": msg})  # noqa: E731
     with box_lock(spec.box.lock_path, spec.lock_timeout_s, on_wait, tree.cancelled, tree) as held:
@@ -129,6 +134,11 @@ def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gp
         parts.idle = Idle.from_json(idle.wait_idle(pol.max_util_pct, pol.on_busy, spec.idle_wait_s, on_busy))
         if parts.idle.checked and not parts.idle.idle:
             raise JobError(f"box {spec.box.name} is not idle: {parts.idle.detail}")
+        yield
+
+
+def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> None:
+    with held_idle_box(spec, tree, emit, parts):
         parts.residency = _residency(spec, tree, emit, parts)
         t = time.monotonic()
         parts.suites = _suites(tree, gates, emit, parts, has_gpu)
