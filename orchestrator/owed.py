@@ -128,7 +128,8 @@ def _settle(conn, claim: dict, head: str, run_id: str) -> list[int]:
 def sync_from_record(conn: sqlite3.Connection, record: Record | dict) -> dict[str, list[int]]:
     """Open rows for what the record leaves owed; settle open rows it establishes on a matching box.
     Idempotent. A stored JSON dict is read through `Record.from_json` first. A record of a dirty
-    tree (`head.dirty`, a standalone grid's) neither opens nor settles anything."""
+    tree (`head.dirty`, a standalone grid's) neither opens nor settles anything; one that did not run
+    to its end (ERROR, LOST, interrupted) settles nothing (`_ran_to_its_end`)."""
     try:
         record = Record.of(record)
     except RecordError as e:
@@ -145,9 +146,15 @@ def sync_from_record(conn: sqlite3.Connection, record: Record | dict) -> dict[st
             for claim in owed:
                 kind, item_id = _open_or_refresh(conn, claim, head, run_id)
                 out[kind].append(item_id)
-            for claim in established:
+            for claim in established if _ran_to_its_end(record) else ():
                 out["settled"] += _settle(conn, claim, head, run_id)
     return out
+
+
+def _ran_to_its_end(record: Record) -> bool:
+    """Only a run that ended PASSED or FAILED, never interrupted, settles: the suites an ERROR, LOST or
+    interrupted run finished are not a gate that ran, so its "CUDA gates not run" items stay open."""
+    return record.state in ("PASSED", "FAILED") and record.interrupted is None
 
 
 def _claims(record: Record) -> list[tuple[list[dict], list[dict]]]:

@@ -189,3 +189,17 @@ def test_rows_of_a_ledger_without_backends_migrate_from_their_runs(tmp_path):
     owed.sync_from_record(c, rr.seed_record(run_id="r-cpu2", box=CPU))  # the old one-row-per-cell index is gone
     assert len(owed.list_open(c)) == 4
     c.close()
+
+
+@pytest.mark.parametrize("state", ["ERROR", "LOST"])
+def test_a_run_that_did_not_end_settles_no_gate_it_ran(conn, state):
+    cpu_run = rr.record(run_id="r-cpu", box=CPU)
+    cpu_run["suites"].append({"name": "packed_gemm", "sacred": False, "needs": ["cuda"], "state": "NOT_RUN"})
+    owed.sync_from_record(conn, cpu_run)
+    cuda_run = rr.record(run_id="r-cuda", box=H200, state=state)
+    cuda_run["suites"].append({"name": "packed_gemm", "sacred": False, "needs": ["cuda"], "state": "GREEN"})
+    assert owed.sync_from_record(conn, cuda_run)["settled"] == []
+    assert [i["cell"] for i in owed.list_open(conn, SHA)] == ["suite packed_gemm"]
+    interrupted = {**cuda_run, "run_id": "r-int", "state": "PASSED",
+                   "interrupted": {"at": "2026-12-01T00:00:00Z", "why": "the service stopped (SIGTERM)"}}
+    assert owed.sync_from_record(conn, interrupted)["settled"] == []

@@ -155,3 +155,38 @@ def test_has_binding_grid(env):
     assert not q.has_binding_grid(conn, git(repo, "rev-parse", "HEAD"), "smoke", "boxa")
     assert json.loads(conn.execute("SELECT record FROM runs WHERE run_id = ?",
                                    (binding.run_id,)).fetchone()[0])["grid"]["spec"] == "smoke"
+
+
+def test_an_interrupted_gate_keeps_its_finished_suites_and_settles_no_owed_item(env):
+    from orchestrator import owed
+    from orchestrator.driver import live
+    from orchestrator.record import Live, Suite
+    config, repo, sha, conn = env
+    owed.ensure_schema(conn)
+    cpu = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")[0]  # a CPU run left a CUDA gate owed
+    cpu.box.backend, cpu.state, cpu.finished_at = "cpu", "PASSED", db.utc_now()
+    cpu.suites = [Suite(name="packed_gemm", state="NOT_RUN", needs=["cuda"], why="no GPU")]
+    db.finish(conn, cpu, sync=owed.sync_from_record)
+    [item] = owed.list_open(conn, sha)
+    rec = q.enqueue(conn, config, repo, "main", "boxa", None, True, "api")[0]
+    q.claim_next(conn, "boxa")
+    rec.box.backend, rec.box.gpu = "cuda", "NVIDIA H200"
+    db.mark_running(conn, rec, "task-1")
+    q.mark_started(conn, rec.run_id)
+    green = Suite(name="packed_gemm", state="GREEN", needs=["cuda"])
+    assert live.write(conn, rec.run_id, Live(step="suite packed_gemm", status="GREEN"), green)
+    q.mark_interrupted(conn, rec, "the service stopped (SIGTERM) while the job ran")  # rec has no suites
+    stored = db.get(conn, rec.run_id)
+    assert [(s.name, s.state) for s in stored.suites] == [("packed_gemm", "GREEN")]
+    [rest] = stored.not_run
+    assert rest.what == "the rest of the gate" and "packed_gemm GREEN" in rest.why and "did not run" in rest.why
+    assert "SIGTERM" in rest.why
+    assert owed.sync_from_record(conn, stored)["settled"] == []  # a suite that ran is no gate that ran
+    conn.execute("UPDATE runs SET heartbeat = ?", (time.time() - 61,))
+    assert q.reconcile(conn, stale_s=60) == [rec.run_id]
+    lost = db.get(conn, rec.run_id)
+    assert lost.state == "LOST" and [s.name for s in lost.suites] == ["packed_gemm"]
+    assert owed.sync_from_record(conn, lost)["settled"] == []
+    assert [i["id"] for i in owed.list_open(conn, sha)] == [item["id"]]
+    lost.state, lost.interrupted = "PASSED", None  # the same suites from a run that ended settle it
+    assert owed.sync_from_record(conn, lost)["settled"] == [item["id"]]

@@ -23,7 +23,7 @@ from orchestrator.config import Config
 from orchestrator.driver.gate import idempotency_key, new_record
 from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
 from orchestrator.driver.provenance import archive
-from orchestrator.record import Interrupted, Record
+from orchestrator.record import Interrupted, NotRun, Record
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS service_jobs (
@@ -119,13 +119,29 @@ def requeue(conn: sqlite3.Connection, run_id: str) -> None:
 
 
 def mark_interrupted(conn: sqlite3.Connection, record: Record, why: str) -> None:
-    """Record that the service stopped under a running job: still RUNNING, LOST after the deadline."""
+    """Record that the service stopped under a running job: still RUNNING, LOST after the deadline.
+
+    The stored row is the fuller record: live progress (`driver/live.py`) put there the suites the box
+    finished, which the driver's in-memory `record` lacks. They are kept, and `not_run` says the rest
+    did not run. (A run that ends interrupted settles no owed item: `owed.sync_from_record`.)"""
     at = db.utc_now()
-    record.interrupted = Interrupted(at=at, why=why)
     with db.transaction(conn):
+        row = conn.execute("SELECT record FROM runs WHERE run_id = ?", (record.run_id,)).fetchone()
+        if row is not None:
+            stored = db.load(row[0])
+            record.suites, record.live = stored.suites or record.suites, stored.live
+        record.interrupted = Interrupted(at=at, why=why)
+        record.not_run.append(_rest_not_run(record, why))
         conn.execute("UPDATE runs SET record = ? WHERE run_id = ? AND state = 'RUNNING'",
                      (db.dump(record), record.run_id))
         conn.execute("UPDATE service_jobs SET interrupted_at = ? WHERE run_id = ?", (at, record.run_id))
+
+
+def _rest_not_run(record: Record, why: str) -> NotRun:
+    done = ", ".join(f"{s.name} {s.state}" for s in record.suites) or "none"
+    return NotRun(what=f"the rest of the {record.kind}",
+                  why=f"interrupted: {why}; suites finished before it: {done}; every later step (suites, "
+                      "mutation pins, grid legs) did not run")
 
 
 def beat_queued(conn: sqlite3.Connection) -> None:
