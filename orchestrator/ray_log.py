@@ -6,7 +6,8 @@ So the capture is at the descriptor: fd 2 goes to a log file for the session, wh
 `sys.stderr` (our progress, errors, tracebacks) is moved to a copy of the real stderr, and is kept
 where it was when it is not fd 2 (a test runner capturing it). The log starts in the temp dir, since
 a gate refused before it runs writes nothing into the state directory, and `keep` moves it under
-`<state dir>/logs/` once the run has an id.
+`<state dir>/logs/` once the run has an id. `orchestrator serve` names its log up front instead
+(`<state dir>/logs/ray-serve-<start>.log`, one for the service's lifetime).
 """
 from __future__ import annotations
 
@@ -44,11 +45,19 @@ def _stderr_is_fd2() -> bool:
         return False
 
 
+def _open(prefix: str, path: Path | None) -> tuple[int, RayLog]:
+    if path is None:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".log")
+        return fd, RayLog(Path(tmp))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), RayLog(path)
+
+
 @contextmanager
-def ray_output_to_log(prefix: str = "regate-ray-") -> Iterator[RayLog]:
-    """Within the block, whatever is written to fd 2 below Python lands in the yielded log."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".log")
-    log = RayLog(Path(tmp))
+def ray_output_to_log(prefix: str = "regate-ray-", path: Path | None = None) -> Iterator[RayLog]:
+    """Within the block, whatever is written to fd 2 below Python lands in the yielded log: a temp file,
+    or `path` (appended to) for a long-running process whose log is named before Ray ever starts."""
+    fd, log = _open(prefix, path)
     swap = _stderr_is_fd2()
     sys.stderr.flush()
     real = os.dup(2)

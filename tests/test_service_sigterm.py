@@ -1,6 +1,7 @@
 """A real `orchestrator serve` subprocess on a real (local) Ray: a queued gate runs to PASSED with its
 report; then SIGTERM with a gate in flight: a clean exit, the run recorded as interrupted (then LOST
-past the heartbeat deadline), and no process of the service, its Ray or the suite left running."""
+past the heartbeat deadline), and no process of the service, its Ray or the suite left running. Ray's
+own output is kept out of the service's stderr, in `<state>/logs/ray-serve-<start>.log`."""
 from __future__ import annotations
 
 import json
@@ -102,6 +103,11 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
         assert "stopped cleanly" in log_path.read_text()
+        # Ray ran (two gates) and kept quiet here: its output went to the service's one Ray log.
+        err = log_path.read_text()
+        assert "Token authentication" not in err and "gcs_client" not in err, err[-3000:]
+        [ray_log] = (tmp_path / "logs").glob("ray-serve-*.log")
+        assert err.splitlines()[0].endswith(f"goes to {ray_log}"), err[:500]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
