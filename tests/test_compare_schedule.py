@@ -129,22 +129,3 @@ def test_a_comparisons_grid_never_counts_as_the_heads_binding_grid(tmp_path):
     assert not has_binding_grid(conn, "a" * 40, "smoke", "boxa")  # base against head: not the head's grid
     assert has_binding_grid(conn, "b" * 40, "smoke", "boxa")
 
-
-def test_the_service_starts_a_compare_firing_with_the_run_id_it_records(tmp_path, monkeypatch):
-    import threading
-
-    from orchestrator.config import BoxConfig, Config
-    from orchestrator.driver import compare as driver_compare
-    from orchestrator.service.daemon import Service
-    calls, done = [], threading.Event()
-
-    def fake_run_compare(config, base, head, repo, box, grid, **kw):
-        calls.append((base, head, repo, box, grid, kw["run_id"]))
-        done.set()
-    monkeypatch.setattr(driver_compare, "run_compare", fake_run_compare)
-    config = Config(boxes=(BoxConfig("boxa"),), db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports")
-    svc = Service(config, "/some/repo")
-    monkeypatch.setattr(svc.ray, "ensure", lambda box: None)
-    run_id = svc._start_compare(parse_schedules([NIGHTLY])[0], "c" * 40, "a" * 40)
-    assert done.wait(10)
-    assert calls == [("c" * 40, "a" * 40, "/some/repo", "boxa", "smoke", run_id)] and run_id.split("-")[1] == "a" * 8

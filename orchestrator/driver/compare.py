@@ -115,15 +115,20 @@ def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str 
         record = new_record(pair, box_cfg.name, grid, arm, run_id or db.new_run_id(pair.head.sha))
         record.timings["archive_s"] = round(time.monotonic() - t0, 3)
         db.insert_queued(conn, record, f"compare|{pair.base.sha}|{record.run_id}")  # never reused: a fresh measurement
-        spec = CompareSpec(record.run_id, pair.base.sha, pair.head.sha, pair.base.md5, pair.head.md5, box_cfg,
-                           config.timeouts.build_s, config.timeouts.lock_s, config.timeouts.idle_wait_s, grid, arm,
-                           str(config.work_dir) if config.work_dir else None, tuple(hooks))
+        spec = box_spec(config, record.run_id, pair, box_cfg, grid, arm, hooks)
         sides = record.compare  # the driver's halves; the box's job brings its own (`Record.merge`)
         _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address)
-        _merge_sides(record, sides)
-        return finish_compare(config, conn, record, t0)
+        return finish_placed(config, conn, record, sides, t0)
     finally:
         conn.close()
+
+
+def box_spec(config: Config, run_id: str, pair: Pair, box_cfg, grid: str, arm: str | None,
+             hooks: tuple[str, ...] = ()) -> CompareSpec:
+    """What the box runs for a comparison (the CLI's and the service's queue's alike)."""
+    return CompareSpec(run_id, pair.base.sha, pair.head.sha, pair.base.md5, pair.head.md5, box_cfg,
+                       config.timeouts.build_s, config.timeouts.lock_s, config.timeouts.idle_wait_s, grid, arm,
+                       str(config.work_dir) if config.work_dir else None, tuple(hooks))
 
 
 def _run_on_ray(config, conn, spec, pair, record: Record, progress, address) -> None:
@@ -178,6 +183,12 @@ def _merge_sides(record: Record, pair_sides: Compare) -> None:
             mine.md5_box, mine.build = theirs.md5_box, theirs.build
             mine.archive_bytes = theirs.archive_bytes or mine.archive_bytes
     record.compare = pair_sides
+
+
+def finish_placed(config: Config, conn, record: Record, sides: Compare, t0: float) -> Record:
+    """`finish_compare` after the job: the driver's halves of each side (`sides`) merged with the box's."""
+    _merge_sides(record, sides)
+    return finish_compare(config, conn, record, t0)
 
 
 def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:

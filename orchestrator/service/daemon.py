@@ -1,7 +1,7 @@
 """`orchestrator serve`'s long-running process: schedules, a job queue worker per box, the HTTP front.
 
 Threads: the main thread ticks the schedules and sweeps stale heartbeats; one worker per configured box
-runs that box's queued gates one at a time (`service_run`); the HTTP server answers on its own threads,
+runs that box's queued jobs (gates, a compare schedule's comparisons) one at a time (`service_run`); the HTTP server answers on its own threads,
 each request with its own SQLite connection (WAL lets readers and the one writer proceed together).
 
 Shutdown (SIGTERM or SIGINT): stop taking requests, stop every worker (a running job is cancelled on
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import db, owed
-from orchestrator.driver import gate
 from orchestrator.service import schedule
 from orchestrator.service import queue as service_queue
 from orchestrator.config import Config, ConfigError
@@ -30,7 +29,7 @@ from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve
 from orchestrator.driver.provenance import ProvenanceError, resolve
 from orchestrator.record import Record
 from orchestrator.service.schedule import Clock, Schedule, Scheduler, SystemClock
-from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, run_queued
+from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, finish, run_queued
 
 log = logging.getLogger("regate.service")
 
@@ -167,20 +166,12 @@ class Service:
         return record.run_id
 
     def _start_compare(self, s: Schedule, base: str, sha: str) -> str:
-        """A compare firing runs at once in its own thread (Ray queues it behind any job on the box);
-        its run id is chosen here so the firing names it. A service stopped under it leaves the row to
-        the heartbeat reconcile (LOST, saying so)."""
-        from orchestrator.driver.compare import run_compare
-        run_id = db.new_run_id(sha)
-
-        def body() -> None:
-            try:
-                self.ray.ensure(self.config.box(s.box))
-                run_compare(self.config, base, sha, self.repo, s.box, s.grid, progress=_log_event, run_id=run_id)
-            except Exception:
-                log.exception("schedule %s: comparison %s failed", s.id, run_id)
-        threading.Thread(target=body, name=f"compare-{s.id}", daemon=True).start()
-        return run_id
+        """A compare firing queues the comparison on its box's queue, behind that box's other jobs (an
+        identical one already queued or running answers instead); the firing names its run id."""
+        with _closing(self._connect()) as conn:
+            record, _ = service_queue.enqueue_compare(conn, self.config, self.repo, base, sha, s.box, s.grid,
+                                                      None, f"schedule:{s.id}")
+        return record.run_id
 
     def _work(self, box: str) -> None:
         conn = self._connect()
@@ -265,7 +256,7 @@ def _record_crash(config: Config, conn, run_id: str) -> None:
         if record.state in db.FINAL:
             return
         record.error = "the service crashed running this job:\n" + traceback.format_exc(limit=6)
-        gate.finish_run(config, conn, record, time.monotonic())
+        finish(config, conn, record, time.monotonic())
     except Exception:
         log.exception("could not record the crash of run %s", run_id)
 

@@ -1,10 +1,14 @@
-"""The service's job queue: gates queued over HTTP or by a schedule, run one at a time per box.
+"""The service's job queue: gates queued over HTTP or by a schedule, and a compare schedule's
+comparisons, run one at a time per box.
 
-A queued gate is a QUEUED row of the job ledger (`db.runs`, so `orchestrator runs` and the API see it
-at once) plus a `service_jobs` row saying what to run (repo, revision, grid) and where it stands in
-the service's hands: claimed by a worker, started on the box, interrupted by a shutdown. Queueing
-follows the CLI's idempotency rule (`gate.idempotency_key`): an identical finished gate is returned
-instead of queued unless forced, and an identical gate already queued or running is returned too.
+A queued job is a QUEUED row of the job ledger (`db.runs`, so `orchestrator runs` and the API see it
+at once) plus a `service_jobs` row saying what to run (kind, repo, revision, grid; a comparison's base
+and arm too) and where it stands in the service's hands: claimed by a worker, started on the box,
+interrupted by a shutdown. Queueing a gate follows the CLI's idempotency rule
+(`gate.idempotency_key`): an identical finished gate is returned instead of queued unless forced, and
+an identical gate already queued or running is returned too. A comparison is a fresh measurement, so
+a finished one is never returned; an identical one (base and head sha, grid, arm, box) already queued
+or running is.
 
 Shutdown semantics: a job the box had started is left RUNNING and marked interrupted (never silently
 dropped); when its heartbeat is past the deadline the next reconcile makes it LOST and says why. A
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from orchestrator import db
 from orchestrator.config import Config
+from orchestrator.driver import compare
 from orchestrator.driver.gate import idempotency_key, new_record
 from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
 from orchestrator.driver.provenance import archive
@@ -37,9 +42,14 @@ CREATE TABLE IF NOT EXISTS service_jobs (
   queued_at TEXT NOT NULL,
   claimed_at TEXT,
   started_at TEXT,
-  interrupted_at TEXT
+  interrupted_at TEXT,
+  kind TEXT NOT NULL DEFAULT 'gate',  -- gate | compare
+  base TEXT,  -- compare: the base sha
+  arm TEXT  -- compare: the spec's arm both revisions run
 );
 """
+# Columns a queue of gates only (before comparisons joined it) lacks; added at start.
+_ADDED = {"kind": "TEXT NOT NULL DEFAULT 'gate'", "base": "TEXT", "arm": "TEXT"}
 _ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
 
 
@@ -54,10 +64,18 @@ class QueuedJob:
     rev: str
     grid: str | None
     source: str
+    kind: str = "gate"  # gate | compare
+    base: str | None = None  # compare: the base sha
+    arm: str | None = None  # compare: the arm
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
+    with db.transaction(conn):
+        have = {r[1] for r in conn.execute("PRAGMA table_info(service_jobs)")}
+        for column, decl in _ADDED.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE service_jobs ADD COLUMN {column} {decl}")
 
 
 def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str, box: str | None,
@@ -78,14 +96,36 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
         if (pending := _pending(conn, key)) is not None:  # never queue the same gate twice at once
             return pending, False
         record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
-        # The job row goes first: a crash between the two leaves a job row no worker can match to a
-        # run (ignored), never a QUEUED run that nothing will ever pick up.
-        with db.transaction(conn):
-            conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at)"
-                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source, db.utc_now()))
-        db.insert_queued(conn, record, key)
+        _insert(conn, record, key, QueuedJob(record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source))
     return record, True
+
+
+def enqueue_compare(conn: sqlite3.Connection, config: Config, repo: str | Path, base: str, head: str,
+                    box: str | None, grid: str, arm: str | None, source: str) -> tuple[Record, bool]:
+    """(record, queued): a new QUEUED comparison of `head` against `base`, or the identical one already
+    queued or running. Raises as `compare.run_compare` does before it writes anything."""
+    box_cfg = config.box(box)
+    pair = compare.archives(str(repo), base, head)
+    grid, arm = compare.checked_grid(pair, grid, arm)
+    key = "|".join(("compare", pair.base.sha, pair.head.sha, grid, arm, box_cfg.name, config.digest(box_cfg)))
+    with _ENQUEUE:
+        if (pending := _pending(conn, key)) is not None:
+            return pending, False
+        record = compare.new_record(pair, box_cfg.name, grid, arm, db.new_run_id(pair.head.sha))
+        _insert(conn, record, key, QueuedJob(record.run_id, box_cfg.name, pair.head.repo, pair.head.sha, grid,
+                                             source, "compare", pair.base.sha, arm))
+    return record, True
+
+
+def _insert(conn: sqlite3.Connection, record: Record, key: str, job: QueuedJob) -> None:
+    # The job row goes first: a crash between the two leaves a job row no worker can match to a
+    # run (ignored), never a QUEUED run that nothing will ever pick up.
+    with db.transaction(conn):
+        conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at, kind, base, arm)"
+                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (job.run_id, job.box, job.repo, job.rev, job.grid, job.source, db.utc_now(), job.kind,
+                      job.base, job.arm))
+    db.insert_queued(conn, record, key)
 
 
 def _pending(conn: sqlite3.Connection, key: str) -> Record | None:
@@ -98,7 +138,7 @@ def claim_next(conn: sqlite3.Connection, box: str) -> QueuedJob | None:
     """The oldest unclaimed QUEUED job of `box`, claimed for this worker (one claim wins)."""
     with db.transaction(conn):
         row = conn.execute(
-            "SELECT j.run_id, j.box, j.repo, j.rev, j.grid, j.source FROM service_jobs j"
+            "SELECT j.run_id, j.box, j.repo, j.rev, j.grid, j.source, j.kind, j.base, j.arm FROM service_jobs j"
             " JOIN runs r ON r.run_id = j.run_id WHERE j.box = ? AND r.state = 'QUEUED'"
             " AND j.claimed_at IS NULL ORDER BY j.seq LIMIT 1", (box,)).fetchone()
         if row is None:

@@ -1,11 +1,12 @@
-"""Run one queued gate for the service: the driver side of `gate.run_gate`, from an existing QUEUED row.
+"""Run one queued job for the service: the driver side of `gate.run_gate` (or, for a compare schedule's
+comparison, of `compare.run_compare`), from an existing QUEUED row.
 
-`run_gate` queues and runs in one call (the CLI); the service queues first (the HTTP answer carries the
-run id) and runs later, and must be able to stop a running job on SIGTERM. So this file re-archives
-the queued sha (its md5 must match the one recorded at queue time), places the job with the CLI's own
-`placement.place`, and on a stop (the box's task cancelled there) records the interruption instead
-of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run`: state,
-report, owed-ledger sync in one transaction).
+The CLI queues and runs in one call; the service queues first (the HTTP answer and the firing carry
+the run id) and runs later, and must be able to stop a running job on SIGTERM. So this file re-archives
+the queued sha(s) (each md5 must match the one recorded at queue time), places the job with the CLI's
+own `placement.place`, and on a stop (the box's task cancelled there) records the interruption instead
+of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run` or
+`compare.finish_compare`: state, report, owed-ledger sync in one transaction).
 """
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import ray
 from orchestrator import db
 from orchestrator.box.job import JobSpec
 from orchestrator.config import Config
-from orchestrator.driver import gate
+from orchestrator.driver import compare, gate
 from orchestrator.driver.placement import CANCEL_WAIT_S, Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import ProvenanceError, archive
 from orchestrator.record import Record
 from orchestrator.service import queue as service_queue
 from orchestrator.service.queue import QueuedJob
 
-__all__ = ["CANCEL_WAIT_S", "RayHandle", "run_queued"]
+__all__ = ["CANCEL_WAIT_S", "RayHandle", "finish", "run_queued"]
 
 
 class RayHandle:
@@ -45,35 +46,68 @@ class RayHandle:
             self.started = False
 
 
+class Refused(Exception):
+    """The queued job cannot run as queued: a revision no longer archives, or its archive changed."""
+
+
 def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop: threading.Event,
                progress: Callable[[dict], None] = lambda ev: None,
                stop_reason: Callable[[], str] = lambda: "shutdown") -> Record | None:
-    """Run `job`; its final record, or None when a stop interrupted it (the row says how)."""
+    """Run `job` (a gate or a comparison); its final record, or None when a stop interrupted it (the
+    row says how)."""
     t0 = time.monotonic()
     record = db.get(conn, job.run_id)
+    sides = record.compare  # a comparison's driver-side halves, as queued
     box_cfg = config.box(job.box)
     try:
-        arch = archive(job.repo, job.rev)
-    except ProvenanceError as e:
-        record.error = f"the queued head can no longer be archived: {e}"
-        return gate.finish_run(config, conn, record, t0)
-    if arch.md5 != record.provenance.md5_driver:
-        record.error = (f"git archive of {job.rev[:12]} changed between queueing and running: md5 "
-                        f"{record.provenance.md5_driver} then {arch.md5}; refusing to gate it")
-        return gate.finish_run(config, conn, record, t0)
-    spec = JobSpec(run_id=record.run_id, sha=arch.sha, md5_driver=arch.md5, box=box_cfg,
-                   build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
-                   idle_wait_s=config.timeouts.idle_wait_s,
-                   work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
-                   trusted_root=str(config.trusted_root) if config.trusted_root else None)
+        spec, arch = (_compare_spec if job.kind == "compare" else _gate_spec)(config, job, record, box_cfg)
+    except Refused as e:
+        record.error = str(e)
+        return finish(config, conn, record, t0, sides)
     started = _place(config, conn, spec, arch, record, ray_handle, stop, progress)
     if started is None:
-        return gate.finish_run(config, conn, record, t0)
+        return finish(config, conn, record, t0, sides)
     if started:
         service_queue.mark_interrupted(conn, record, f"the service stopped ({stop_reason()}) while the job ran")
     else:
         service_queue.requeue(conn, record.run_id)
     return None
+
+
+def finish(config: Config, conn, record: Record, t0: float, sides=None) -> Record:
+    """End a queued run as its kind's CLI does (state, report, owed sync in one transaction); a
+    comparison's driver-side halves (`sides`) merged with what the box brought."""
+    if record.kind == "compare":
+        return compare.finish_placed(config, conn, record, sides or record.compare, t0)
+    return gate.finish_run(config, conn, record, t0)
+
+
+def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[JobSpec, object]:
+    arch = _archive(job.repo, job.rev, record.provenance.md5_driver, "head")
+    spec = JobSpec(run_id=record.run_id, sha=arch.sha, md5_driver=arch.md5, box=box_cfg,
+                   build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
+                   idle_wait_s=config.timeouts.idle_wait_s,
+                   work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
+                   trusted_root=str(config.trusted_root) if config.trusted_root else None)
+    return spec, arch
+
+
+def _compare_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[object, compare.Pair]:
+    pair = compare.Pair(_archive(job.repo, job.base, record.compare.base.md5_driver, "base"),
+                        _archive(job.repo, job.rev, record.compare.head.md5_driver, "head"))
+    return compare.box_spec(config, record.run_id, pair, box_cfg, job.grid, job.arm), pair
+
+
+def _archive(repo: str, rev: str, md5: str | None, side: str):
+    """`rev` archived again; Refused when it no longer can be, or its md5 is not the queued one."""
+    try:
+        arch = archive(repo, rev)
+    except ProvenanceError as e:
+        raise Refused(f"the queued {side} can no longer be archived: {e}") from None
+    if arch.md5 != md5:
+        raise Refused(f"git archive of {rev[:12]} changed between queueing and running: md5 {md5} then "
+                      f"{arch.md5}; refusing to run it")
+    return arch
 
 
 def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool | None:

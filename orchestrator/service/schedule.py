@@ -13,7 +13,7 @@ gate's sha on the schedule's box). A compare firing with no green gate yet, or w
 itself, is recorded SKIPPED with the reason; it never guesses a base.
 
 This module knows nothing about Ray, gates or HTTP: the clock, resolving a revision, asking whether a
-head already has a binding grid, queueing the grid, finding the last green gate and starting a
+head already has a binding grid, queueing the grid, finding the last green gate and queueing a
 comparison are passed in, so it is tested with a fake clock.
 """
 from __future__ import annotations
@@ -267,7 +267,7 @@ Resolve = Callable[[str], str]  # rev -> sha; raises on an unknown revision
 HasBindingGrid = Callable[[str, str, str], bool]  # (sha, grid spec, box)
 RunGrid = Callable[[Schedule, str], str]  # (schedule, sha) -> run id of the queued grid
 LastGreen = Callable[[str], "str | None"]  # box -> the newest PASSED gate's sha there, None if none
-RunCompare = Callable[[Schedule, str, str], str]  # (schedule, base sha, head sha) -> run id of the comparison
+RunCompare = Callable[[Schedule, str, str], str]  # (schedule, base sha, head sha) -> run id of the queued comparison
 
 
 @dataclass
