@@ -24,6 +24,10 @@ ENV_FP4_GEMM = "REGATE_FP4_GEMM"
 class Fp4Gemm:
     prepare: Callable  # (Nvfp4Weight) -> None, once at load
     matmul: Callable  # (x: bf16[M, K], w: Nvfp4Weight) -> bf16[M, N], CUDA-graph safe
+    # Optional: prepared weights of one input as one operand, or None where they cannot share one
+    # (engine/projections.py); and its GEMM, x bf16[M, K] -> bf16[M, sum N], CUDA-graph safe.
+    merge: Callable | None = None  # (list[Nvfp4Weight]) -> operand | None
+    matmul_merged: Callable | None = None  # (x, operand) -> y
 
 
 _registry: dict[str, Fp4Gemm] = {}
@@ -68,7 +72,8 @@ def _probe_cuda_kernel() -> None:
         return
     ok, reason = mod.available()
     if ok:
-        register_fp4_gemm("cuda", Fp4Gemm(prepare=mod.prepare, matmul=mod.matmul))
+        register_fp4_gemm("cuda", Fp4Gemm(prepare=mod.prepare, matmul=mod.matmul, merge=mod.merge,
+                                          matmul_merged=mod.matmul_merged))
     else:
         _probed["cuda"] = reason
 

@@ -40,8 +40,13 @@ def iter_nvfp4_weights(obj) -> Iterator[Nvfp4Weight]:
     return (o for o in _walk(obj, set()) if isinstance(o, Nvfp4Weight))
 
 
+def iter_instances(obj, cls) -> Iterator[object]:
+    """Every object of type `cls` reachable from `obj`, once each."""
+    return (o for o in _walk(obj, set()) if isinstance(o, cls))
+
+
 def iter_linears(obj) -> Iterator[DenseLinear | Nvfp4Linear]:
-    return (o for o in _walk(obj, set()) if isinstance(o, (DenseLinear, Nvfp4Linear)))
+    return iter_instances(obj, (DenseLinear, Nvfp4Linear))
 
 
 def _count(obj) -> dict[str, int]:

@@ -35,7 +35,7 @@ from kernels import table
 from kernels.triton_gemm import check_weight, nvfp4_gemm, permute_x_for_mma, sm_count
 
 SM90 = (9, 0)
-__all__ = ["available", "tile_available", "prepare", "matmul", "nvfp4_gemm", "permute_x_for_mma", "reference_gemm",
+__all__ = ["available", "tile_available", "prepare", "matmul", "merge", "matmul_merged", "nvfp4_gemm", "permute_x_for_mma", "reference_gemm",
            "check"]
 
 
@@ -101,14 +101,34 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     return y.reshape(*lead, w.out_features)
 
 
-def _warm_tile(op) -> None:
-    """One call per table row, so nothing loads lazily during a CUDA-graph capture."""
+def merge(ws: list[Nvfp4Weight]):
+    """Weights of one input (each prepared) as one operand for `matmul_merged`, or None when they
+    cannot share one (kernels/merge.py says when)."""
+    from kernels import merge as merging
+
+    m = merging.merge(ws)
+    if m is not None:
+        _warm_tile(m.op, m.row_scale)
+    return m
+
+
+def matmul_merged(x: torch.Tensor, m) -> torch.Tensor:
+    """x bf16 [M, K] -> bf16 [M, sum of the members' N], the members' outputs side by side."""
+    from kernels import merge as merging
+
+    return merging.matmul_merged(x, m)
+
+
+def _warm_tile(op, row_scale=None) -> None:
+    """One call per table row, and the split-K counters allocated, so nothing loads or allocates
+    lazily during a CUDA-graph capture."""
     from kernels import tile_gemm
 
+    tile_gemm.split_counters(op.words.device)
     for max_m, _ in table.TILE:
         m = min(max_m, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
-                            sms=sm_count(op.words.device))
+                            sms=sm_count(op.words.device), row_scale=row_scale)
 
 
 @functools.lru_cache(maxsize=None)

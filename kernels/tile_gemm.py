@@ -15,6 +15,7 @@ allocator and launches on the current stream, so it records into CUDA graphs.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -31,6 +32,13 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
 SPLIT_MAX = 16
+# Split-K arrival counters per device (csrc/split_k.cuh): enough for 65536 CTA columns; a grid with
+# more falls back to the separate reduce kernel. The in-kernel sum is OFF unless
+# REGATE_SPLITK_IN_KERNEL=1: bit-identical, one launch fewer per split GEMM, but measured slower on the
+# H200 (27b cut to 16 layers, packed arm, merged projections: 2.43 -> 2.48 ms/step at batch 1, 3.62 ->
+# 3.93 at batch 16; docs/lab/2026-12-03-merged-projections.md); kept, tested, for a later fix.
+COUNTERS = 1 << 16
+_counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
@@ -77,11 +85,27 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
 
 
+def split_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's split-K arrival counters (zeroed once; each launch leaves them zero), or None:
+    the splits are then summed by a second kernel. Never first allocated inside a graph capture."""
+    if os.environ.get("REGATE_SPLITK_IN_KERNEL", "0") != "1":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _counters:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        _counters[index] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return _counters[index]
+
+
 def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
-              out: torch.Tensor | None = None, sms: int = 132) -> torch.Tensor:
+              out: torch.Tensor | None = None, sms: int = 132,
+              row_scale: torch.Tensor | None = None) -> torch.Tensor:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
-    the Triton kernel on their checkpoint layout."""
+    the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
+    times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
+    such an operand has no tail rows."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -93,12 +117,15 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     splits = k // K_GROUP // gps
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
+    if row_scale is not None and op.n > op.n_main:
+        raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
+    counters = split_counters(x.device) if splits > 1 else None
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
-                                   cfg.row_blocks, gps)
+                                   cfg.row_blocks, gps, row_scale, counters)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
-                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps)
+                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters)
     if op.n > op.n_main:
         y[:, op.n_main:] = nvfp4_gemm(x, op.tail_packed, op.tail_scale, global_scale, name="tile tail")
     return y

@@ -12,6 +12,7 @@ import torch
 from engine.model.context import Context
 from engine.model.norm import RMSNorm
 from engine.model.rope import apply_rope
+from engine.projections import Projections
 from engine.scopes import scope
 
 
@@ -49,6 +50,7 @@ class GatedAttention:
     def __init__(self, q_proj, k_proj, v_proj, o_proj, q_norm: RMSNorm, k_norm: RMSNorm, num_heads: int,
                  num_kv_heads: int, head_dim: int, cache_index: int, fused=None):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.qkv_proj = Projections(q_proj, k_proj, v_proj)  # one GEMM where the backend merges them
         self.q_norm, self.k_norm = q_norm, k_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.cache_index = cache_index  # which full-attention layer of the KV cache is ours
@@ -58,7 +60,7 @@ class GatedAttention:
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
         with scope("tower.qkvo"):
-            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            qg, k, v = self.qkv_proj(x)
         q, gate = qg.view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, self.num_kv_heads, hd), v.view(t, self.num_kv_heads, hd)
         q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)

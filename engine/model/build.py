@@ -92,8 +92,12 @@ def build_model(ckpt, backend: str, lm_head: str) -> Qwen3_5Model:
 
 
 def prepare_model(model: Qwen3_5Model) -> None:
-    """Once after load: each Linear's backend preparation (GEMM repack, or the head's one operand)."""
-    from engine.residency import iter_linears
+    """Once after load: each Linear's backend preparation (GEMM repack, or the head's one operand),
+    then the projections of one input merged into one operand where the backend can."""
+    from engine.projections import Projections
+    from engine.residency import iter_instances, iter_linears
 
     for lin in iter_linears(model):
         prepare_linear(lin)
+    for group in iter_instances(model, Projections):
+        group.prepare()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine.model.context import Context
 from engine.model.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from engine.model.norm import gated_rms_norm
+from engine.projections import Projections
 from engine.scopes import scope
 
 
@@ -22,6 +23,7 @@ class GatedDeltaNet:
                  A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, *, num_k_heads: int,
                  num_v_heads: int, head_k_dim: int, head_v_dim: int, eps: float, state_index: int, fused=None):
         self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a = in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+        self.in_proj = Projections(in_proj_qkv, in_proj_z, in_proj_b, in_proj_a)  # one GEMM where merged
         self.out_proj = out_proj
         self.conv_weight = conv_weight  # [conv_dim, kernel] (depthwise)
         self.A_log, self.dt_bias, self.norm_weight = A_log, dt_bias, norm_weight
@@ -33,9 +35,7 @@ class GatedDeltaNet:
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         with scope("tower.in_proj"):
-            qkv = self.in_proj_qkv(x)  # [T, conv_dim]
-            z = self.in_proj_z(x)  # [T, Hv * Dv]
-            b, a = self.in_proj_b(x), self.in_proj_a(x)
+            qkv, z, b, a = self.in_proj(x)  # [T, conv_dim], [T, Hv * Dv], [T, Hv], [T, Hv]
         if ctx.kind == "decode" and self.fused is not None:
             with scope("delta_rule"):  # the gated RMSNorm is inside the step's kernel, so booked here
                 core = self._decode_fused(qkv, z, b, a, ctx)

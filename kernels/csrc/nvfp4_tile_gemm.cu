@@ -19,6 +19,8 @@
 
 #include "nvfp4_tile_decode.cuh"
 #include "nvfp4_tile_gemm.h"
+#include "sm90_async.cuh"
+#include "split_k.cuh"
 
 namespace {
 
@@ -116,7 +118,9 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   const int g = lane >> 2, t = lane & 3;
   const int rt0 = (blockIdx.x / m_blocks * WARPS + warp) * R;
   const bool active = rt0 < p.row_tiles;
-  if (!XS && !active) return;  // with XS every warp helps stage x and meets every barrier
+  // With XS every warp helps stage x and meets every barrier; so does every warp of a split-K
+  // launch that sums its splits in the kernel (last_split's barriers).
+  if (!XS && !active && p.counters == nullptr) return;
   const int m0 = blockIdx.x % m_blocks * 8 * MT;
   const int m_rows = min(8 * MT, p.m - m0);
   const __nv_bfloat16* x = p.x + m0 * p.ldx;
@@ -150,6 +154,10 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if (active) compute_group<MT, R, XS>(acc, gr, xr, xs[slot], cg, g, t);
     if constexpr (XS) __syncthreads();  // the slot is refilled next
   };
+  // Programmatic dependent launch: this CTA was launched while the kernel before it finished; it
+  // reads nothing (not even the weights, which a load-time kernel may just have written) before
+  // that kernel has completed and its memory is visible.
+  grid_dependency_wait();
   if (cg0 < cg1) fetch(buf0, cg0, 0);
   if constexpr (XS) cp_async_commit();
   for (int cg = cg0; cg < cg1; cg += 2) {
@@ -161,35 +169,46 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if constexpr (XS) cp_async_commit();
     run(buf1, cg + 1, 1);
   }
-  if (!active) return;
-
   // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
+  auto each_out = [&](auto&& f) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = rt0 + r;
-    if (rt >= p.row_tiles) break;
+    for (int r = 0; r < R; ++r) {
+      const int rt = rt0 + r;
+      if (rt >= p.row_tiles) break;
 #pragma unroll
-    for (int nt = 0; nt < MT; ++nt)
+      for (int nt = 0; nt < MT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int m = 8 * nt + 2 * t + (j & 1);
-        const int n = 16 * rt + g + 8 * (j >> 1);
-        if (m >= m_rows) continue;
-        const long off = (long)(m0 + m) * p.ldy + n;
-        if (p.partial) p.partial[(size_t)blockIdx.y * p.m * p.ldy + off] = acc[r][nt][j];
-        else p.y[off] = __float2bfloat16_rn(acc[r][nt][j] * p.out_scale);
-      }
+        for (int j = 0; j < 4; ++j) {
+          const int m = 8 * nt + 2 * t + (j & 1);
+          const int n = 16 * rt + g + 8 * (j >> 1);
+          if (m < m_rows) f(acc[r][nt][j], n, (long)(m0 + m) * p.ldy + n);
+        }
+    }
+  };
+  if (p.partial == nullptr) {
+    if (active) each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
+    return;
   }
+  const size_t stride = (size_t)p.m * p.ldy;
+  if (active) each_out([&](float& a, int, long off) { p.partial[blockIdx.y * stride + off] = a; });
+  if (p.counters == nullptr || !last_split(p.counters + blockIdx.x) || !active) return;
+  // The splits' sum in split order (this CTA's own partial read back too), into acc.
+  each_out([&](float& a, int, long) { a = 0.f; });
+  for (int k = 0; k < (int)gridDim.y; ++k) {
+    const float* part = p.partial + k * stride;
+    each_out([&](float& a, int, long off) { a += __ldcg(part + off); });
+  }
+  each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
 }
 
-__global__ void reduce_splits_kernel(const float* partial, __nv_bfloat16* y, int m, int n_main, long ldy, int splits,
-                                     float out_scale) {
+__global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
+  const int n_main = p.row_tiles * 16;
   const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (long)m * n_main) return;
-  const long off = (i / n_main) * ldy + i % n_main;
+  if (i >= (long)p.m * n_main) return;
+  const long off = (i / n_main) * p.ldy + i % n_main;
   float s = 0.f;
-  for (int k = 0; k < splits; ++k) s += partial[(size_t)k * m * ldy + off];
-  y[off] = __float2bfloat16_rn(s * out_scale);
+  for (int k = 0; k < splits; ++k) s += p.partial[(size_t)k * p.m * p.ldy + off];
+  p.y[off] = __float2bfloat16_rn(s * row_scale_of(p, (int)(i % n_main)));
 }
 
 template <int MT, int R, int WARPS, bool XS, int MINB = 1>
@@ -202,8 +221,23 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<dim3(ctas * m_blocks, splits), WARPS * 32, smem, stream>>>(p, m_blocks);
-  return cudaGetLastError();
+  TileGemmArgs q = p;
+  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
+  // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
+  // end of the kernel before it.
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas * m_blocks, splits);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, q, m_blocks);
+  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
+  return reduce_splits(q, splits, stream);
 }
 
 template <int MT, bool XS>
@@ -236,13 +270,11 @@ cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int
     case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess || p.partial == nullptr) return err;
-  return reduce_splits(p, splits, stream);
+  return err;  // each launcher summed the splits: in the kernel (counters) or with reduce_splits
 }
 
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const long total = (long)p.m * p.row_tiles * 16;
-  reduce_splits_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(p.partial, p.y, p.m, p.row_tiles * 16,
-                                                                             p.ldy, splits, p.out_scale);
+  reduce_splits_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(p, splits);
   return cudaGetLastError();
 }

@@ -13,7 +13,12 @@ struct TileGemmArgs {
   float* partial;          // split-K partials [splits, M, ldy] FP32, or nullptr when splits == 1
   long ldx, ldy;
   int m, k, row_tiles, groups_per_split;
-  float out_scale;  // global_scale * 2^19
+  float out_scale;         // global_scale * 2^19
+  const float* row_scale;  // per output row [N_main] (global_scale * 2^19 of the row's weight), or nullptr:
+                           // out_scale for every row (projections merged into one operand need it)
+  int* counters;           // split-K arrival counters, one per CTA column (blockIdx.x), all zero between
+                           // launches; nullptr: the splits are summed by reduce_splits_kernel instead
+  int counters_len;
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
@@ -23,7 +28,8 @@ struct TileGemmArgs {
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
                       int splits, cudaStream_t stream);
 
-// Sums the split-K partials into y (times out_scale); both kernels end with it when splits > 1.
+// Sums the split-K partials into y (times the row's scale); both kernels end with it when splits > 1
+// and no counters were given (or the grid has more CTA columns than counters).
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream);
 
 // The wgmma kernel: p.x must be x laid out by wgmma_x_tiles for the same block_m; block_m in

@@ -22,6 +22,7 @@
 #include "nvfp4_tile_decode.cuh"
 #include "nvfp4_tile_gemm.h"
 #include "sm90_async.cuh"
+#include "split_k.cuh"
 #include "wgmma_chunk.cuh"
 
 namespace {
@@ -145,20 +146,33 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     for (int i = 0; i < BM / 2; ++i) fence_operand(acc[rb][i]);
 
   // Accumulator fragment per 8-column block b: acc[4b + r] = (W row g + 8*(r/2), x row 8b + 2t + r%2).
+  auto each_out = [&](auto&& f) {
 #pragma unroll
-  for (int rb = 0; rb < RB; ++rb) {
-    const int rt = rt0 + rb;
-    if (rt >= p.row_tiles) break;
+    for (int rb = 0; rb < RB; ++rb) {
+      const int rt = rt0 + rb;
+      if (rt >= p.row_tiles) break;
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      const int m = 8 * (i >> 2) + 2 * t + (i & 1);
-      const int n = 16 * rt + g + 8 * ((i >> 1) & 1);
-      if (m >= m_rows) continue;
-      const long off = (long)(m0 + m) * p.ldy + n;
-      if (p.partial) p.partial[(size_t)blockIdx.y * p.m * p.ldy + off] = acc[rb][i];
-      else p.y[off] = __float2bfloat16_rn(acc[rb][i] * p.out_scale);
+      for (int i = 0; i < BM / 2; ++i) {
+        const int m = 8 * (i >> 2) + 2 * t + (i & 1);
+        const int n = 16 * rt + g + 8 * ((i >> 1) & 1);
+        if (m < m_rows) f(acc[rb][i], n, (long)(m0 + m) * p.ldy + n);
+      }
     }
+  };
+  if (p.partial == nullptr) {
+    each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
+    return;
   }
+  const size_t stride = (size_t)p.m * p.ldy;
+  each_out([&](float& a, int, long off) { p.partial[blockIdx.y * stride + off] = a; });
+  if (p.counters == nullptr || !last_split(p.counters + blockIdx.x)) return;
+  // The splits' sum in split order (this CTA's own partial read back too), into acc.
+  each_out([&](float& a, int, long) { a = 0.f; });
+  for (int k = 0; k < (int)gridDim.y; ++k) {
+    const float* part = p.partial + k * stride;
+    each_out([&](float& a, int, long off) { a += __ldcg(part + off); });
+  }
+  each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
 }
 
 // One thread per 16-byte piece of the staged layout [M block][chunk][BM rows][8 pieces]: piece
@@ -202,7 +216,11 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   cfg.stream = stream;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p, m_blocks);
+  TileGemmArgs q = p;
+  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
+  err = cudaLaunchKernelEx(&cfg, kernel, q, m_blocks);
+  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
+  return reduce_splits(q, splits, stream);
 }
 
 template <int BM, int RB>
@@ -236,6 +254,5 @@ cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int r
     case 2561: err = launch_wg<256, 1>(p, warpgroups, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess || p.partial == nullptr) return err;
-  return reduce_splits(p, splits, stream);
+  return err;  // the launcher summed the splits: in the kernel (counters) or with reduce_splits
 }

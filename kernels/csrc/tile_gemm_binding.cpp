@@ -3,6 +3,9 @@
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "nvfp4_tile_gemm.h"
 
 namespace {
@@ -12,6 +15,7 @@ void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "tile_gemm: ", wh
 // Shape/dtype checks shared by both kernels, then the launch args; `splits` is set from groups_per_split.
 TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                        const c10::optional<torch::Tensor>& partial, double out_scale, int64_t groups_per_split,
+                       const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters,
                        int64_t& splits) {
   check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
         "x must be a CUDA bf16 [M, K] tensor with unit stride along K");
@@ -37,12 +41,27 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
           "split-K needs an FP32 partial buffer of splits * M * ldy elements");
     part = partial->data_ptr<float>();
   }
+  const float* rs = nullptr;
+  if (row_scale.has_value()) {
+    check(row_scale->is_cuda() && row_scale->scalar_type() == torch::kFloat32 && row_scale->is_contiguous() &&
+              row_scale->numel() >= row_tiles * 16,
+          "row_scale must be a contiguous CUDA float32 [>= N_main] tensor");
+    rs = row_scale->data_ptr<float>();
+  }
+  int* cnt = nullptr;
+  int64_t cnt_len = 0;
+  if (counters.has_value() && splits > 1) {
+    check(counters->is_cuda() && counters->scalar_type() == torch::kInt32 && counters->is_contiguous(),
+          "counters must be a contiguous CUDA int32 tensor (zero between launches)");
+    cnt = counters->data_ptr<int>();
+    cnt_len = counters->numel();
+  }
   return TileGemmArgs{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
                       reinterpret_cast<const uint4*>(words.data_ptr()),
                       reinterpret_cast<const uint2*>(codes.data_ptr()),
                       reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                       part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
-                      (float)out_scale};
+                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX)};
 }
 
 cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
@@ -50,9 +69,10 @@ cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDA
 void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
-                   int64_t groups_per_split) {
+                   int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
+                   const c10::optional<torch::Tensor>& counters) {
   int64_t splits = 1;
-  const TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
+  const TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, splits);
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
                                     (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
@@ -76,9 +96,10 @@ torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m) {
 
 void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                     const c10::optional<torch::Tensor>& partial, double out_scale, int64_t block_m,
-                    int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split) {
+                    int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split,
+                    const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters) {
   int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, splits);
+  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, splits);
   const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
   const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
