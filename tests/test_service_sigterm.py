@@ -114,7 +114,10 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
             proc.wait()
         proc.stdout.close()
     leftovers = []
-    assert wait_for(lambda: not (leftovers := tagged(tag)), 30), \
+    # Ray's node agents exit on their own once the raylet is gone, polling for it: on a loaded 2-core
+    # box that took over 30 s (a CI clone run beside other test runs). A leak never ends, so 90 s
+    # still catches one.
+    assert wait_for(lambda: not (leftovers := tagged(tag)), 90), \
         [(p.pid, p.name()) for p in tagged(tag)] or leftovers
     conn = db.connect(config.db_path)
     try:
