@@ -8,6 +8,10 @@ multiply and compressed-tensors' divide-by-reciprocal dequantize bit-identically
 Memory stays bounded for the 27b preset: weights are drawn and quantized in row chunks (each chunk
 from its own seeded generator, so the bytes do not depend on chunking by threads), and one shard at
 a time is held before it is written. The output appears atomically (temp dir, then rename).
+Chunks are drawn and quantized on a thread pool (`REGATE_SYNTH_THREADS`, default every CPU), a
+bounded window of them in flight: one CPU generator draws ~0.1 G values/s, so the 27b shape's ~27 G
+took minutes on one thread, the 64-layer checkpoint more than the GPU box's per-call limit allowed
+beside a gate.
 
 Init scales are chosen so the model is not a flat distribution: normalized activations stay O(1)
 through the layers (in-projections 1/sqrt(K), out-projections further divided by sqrt(2 L) as the
@@ -21,8 +25,10 @@ import math
 import os
 import shutil
 import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -67,6 +73,30 @@ def _row_chunks(shape: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
         yield i, r0, min(shape[0], r0 + step)
 
 
+def _threads() -> int:
+    n = os.environ.get("REGATE_SYNTH_THREADS")
+    if n is not None and (not n.isdigit() or int(n) < 1):
+        raise ValueError(f"REGATE_SYNTH_THREADS: expected a positive integer, found {n!r}")
+    return int(n) if n is not None else (os.cpu_count() or 1)
+
+
+def _in_order(fn: Callable, items: Iterable) -> Iterator:
+    """fn over items on a thread pool, results in item order, at most 2 per thread in flight (so
+    memory stays bounded however far the pool could run ahead). torch ops release the GIL."""
+    threads = _threads()
+    if threads == 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="synth") as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _draw(seed: int, name: str, chunk: int, shape: tuple[int, ...]) -> torch.Tensor:
     g = torch.Generator().manual_seed(_seed_for(seed, name, chunk))
     return torch.randn(shape, generator=g).clamp_(-CLIP_SIGMAS, CLIP_SIGMAS)
@@ -91,7 +121,9 @@ def dense_tensor(spec: TensorSpec, cfg: dict, seed: int, tied: bool) -> torch.Te
     """A non-Linear tensor (embedding, norms, conv, A_log, dt_bias), BF16 as real checkpoints store it."""
     out = torch.empty(spec.shape, dtype=torch.bfloat16)
     std = init_std(spec, cfg, tied)
-    for i, r0, r1 in _row_chunks(spec.shape):
+
+    def chunk(c: tuple[int, int, int]) -> torch.Tensor:
+        i, r0, r1 = c
         x = _draw(seed, spec.name, i, (r1 - r0, *spec.shape[1:]))
         if spec.role == "a_log":  # A in [1, 16]: decays exp(-A * softplus(.)) that neither vanish nor explode
             x = torch.log(1.0 + 15.0 * torch.special.ndtr(x))
@@ -99,7 +131,10 @@ def dense_tensor(spec: TensorSpec, cfg: dict, seed: int, tied: bool) -> torch.Te
             x = 1.0 + std * x
         else:
             x = std * x
-        out[r0:r1] = x.to(torch.bfloat16)
+        return x.to(torch.bfloat16)
+    chunks = list(_row_chunks(spec.shape))
+    for (_, r0, r1), x in zip(chunks, _in_order(chunk, chunks)):
+        out[r0:r1] = x
     return out
 
 
@@ -119,9 +154,14 @@ def quantized_linear(spec: TensorSpec, cfg: dict, seed: int) -> nvfp4.Quantized:
     gscale = global_scale(std)
     packed = torch.empty((n, k // 2), dtype=torch.uint8)
     bscale = torch.empty((n, k // nvfp4.BLOCK), dtype=torch.float8_e4m3fn)
-    for i, r0, r1 in _row_chunks(spec.shape):
+
+    def chunk(c: tuple[int, int, int]) -> nvfp4.Quantized:
+        i, r0, r1 = c
         q = quantize_fast((std * _draw(seed, spec.name, i, (r1 - r0, k))).to(_QUANT_DEVICE), gscale)
-        packed[r0:r1], bscale[r0:r1] = q.packed.cpu(), q.block_scale.cpu()
+        return nvfp4.Quantized(q.packed.cpu(), q.block_scale.cpu(), gscale)
+    chunks = list(_row_chunks(spec.shape))
+    for (_, r0, r1), q in zip(chunks, _in_order(chunk, chunks)):
+        packed[r0:r1], bscale[r0:r1] = q.packed, q.block_scale
     return nvfp4.Quantized(packed, bscale, gscale)
 
 

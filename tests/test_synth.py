@@ -170,3 +170,18 @@ def test_chunked_synthesis_equals_whole_tensor_quantization(monkeypatch):
     assert torch.equal(ref.packed, q.packed) and torch.equal(ref.block_scale.float(), q.block_scale.float())
     assert float(whole.abs().max()) <= synth.CLIP_SIGMAS * std  # the global scale's amax bound holds
     assert nvfp4.reciprocal_exact(q.global_scale)
+
+
+def test_threads_do_not_change_a_byte(tmp_path, monkeypatch):
+    """Chunks drawn and quantized on a pool (small chunks: many per tensor, out of order) give the
+    bytes of one thread; a bad thread count is refused by name."""
+    from engine import synth
+    monkeypatch.setattr(synth, "CHUNK_ELEMS", 1 << 10)
+    outs = {}
+    for threads in ("1", "3"):
+        monkeypatch.setenv("REGATE_SYNTH_THREADS", threads)
+        outs[threads] = _files(make_checkpoint(tmp_path / threads, seed=3))
+    assert outs["1"] == outs["3"]
+    monkeypatch.setenv("REGATE_SYNTH_THREADS", "0")
+    with pytest.raises(ValueError, match="REGATE_SYNTH_THREADS"):
+        make_checkpoint(tmp_path / "bad", seed=3)
