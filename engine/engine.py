@@ -82,7 +82,7 @@ class Engine:
             kv = KvCache(cfg, self.num_blocks, self.block_size, dtype, self.device)
             state = StateCache(cfg, self.max_num_seqs, dtype, self.device)
             self._runner = ModelRunner(self.model, bm, kv, state, self.device, self.max_num_seqs,
-                                       self.max_model_len, self._cuda_graphs)
+                                       self.max_model_len, self._cuda_graphs, self.top_k)
         return self._runner
 
     def _check_prompts(self, prompts: list[list[int]]) -> None:
@@ -111,8 +111,12 @@ class Engine:
         while not scheduler.is_finished():
             batch, is_prefill = scheduler.schedule()
             t0 = self._now()
-            logits = runner.prefill(batch) if is_prefill else runner.decode(batch)
-            tokens = self._greedy(batch, logits, topk)
+            if is_prefill:
+                tokens = self._greedy(batch, runner.prefill(batch), topk)
+            else:  # picked on the device, inside the decode step
+                tokens, vals, ids = runner.decode(batch)
+                for s, v, i in zip(batch, vals, ids):
+                    topk[s.seq_id].append(TopK(v, i))
             phase = "prefill" if is_prefill else "decode"
             timing[f"{phase}_s"] += self._now() - t0
             timing[f"{phase}_steps"] += 1

@@ -4,6 +4,13 @@ Prefill flattens every admitted sequence's tokens into one batch (the Linears se
 attention and delta-rule cores loop per sequence). Decode feeds one token per sequence; on CUDA the
 decode step is captured once per bucketed batch size into a CUDA graph over static input buffers,
 and a batch is padded up to its bucket with rows that write only to the caches' padding sink.
+
+A decode step is everything between the host's inputs and the host's tokens, so the device does not
+wait on host work it could do itself: the greedy pick and the top-k are taken inside the step
+(inside the graph). The host sends one small [4, rows] copy per step (ids, positions, context
+lengths, state slots), the slot mapping, and a block table row only when that row's blocks changed;
+it reads back one [rows, 1 + 2k] result. At batch 16 that replaces a 16 x max_blocks Python list,
+six host-to-device copies, a copy of the logits and three device-to-host reads.
 """
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import Sequence
-from engine.scopes import FORWARD, marker
+from engine.scopes import FORWARD, marker, scope
+
+INPUTS = ("ids", "positions", "context_lens", "state_slots")  # the per-step rows the host sends
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -27,12 +36,14 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: Qwen3_5Model, bm: BlockManager, kv: KvCache, state: StateCache, device,
-                 max_num_seqs: int, max_model_len: int, cuda_graphs: bool):
+                 max_num_seqs: int, max_model_len: int, cuda_graphs: bool, top_k: int = 5):
         self.model, self.bm, self.kv, self.state, self.device = model, bm, kv, state, device
         self.max_num_seqs = max_num_seqs
         self.max_blocks = blocks_for(max_model_len, bm.block_size)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.top_k = min(top_k, model.config.vocab_size)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._static = self._static_buffers()
+        self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         if cuda_graphs:
             self.capture_decode_graphs()
 
@@ -58,43 +69,59 @@ class ModelRunner:
                 hidden = hidden[self._long([e - 1 for _, e in ctx.query_ranges()])]
             return self.model.logits(hidden)
 
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One token per sequence (its last) -> logits [B, V]."""
+    def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:
+        """One token per sequence (its last) -> (greedy ids, top-k logits, top-k ids), one row each;
+        the top-k sorted, ties to the lower id, as `torch.topk` of the step's FP32 logits."""
         b = len(seqs)
         bucket = next((n for n in self.graphs if n >= b), None)
         self._fill_static(seqs, bucket or b)
         if bucket is None:
-            return self._decode_eager(b).clone()
-        graph, out = self.graphs[bucket]
-        with marker(FORWARD):  # the graph's kernels alone: the copy-out below is outside, as in eager
-            graph.replay()
-        return out[:b].clone()
+            self._decode_eager(b)
+        else:
+            with marker(FORWARD):  # the graph's kernels: the forward and the pick, as in eager
+                self.graphs[bucket].replay()
+        out = self._static["sampled"][:b].cpu()  # one read; it waits for the step
+        k = self.top_k
+        return (out[:, 0].long().tolist(), out[:, 1:1 + k].tolist(), out[:, 1 + k:].long().tolist())
 
     def _static_buffers(self) -> dict[str, torch.Tensor]:
-        n = self.max_num_seqs
+        n, k = self.max_num_seqs, self.top_k
         z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
-        return {"ids": z(n), "positions": z(n), "slot_mapping": z(n), "block_tables": z(n, self.max_blocks),
-                "context_lens": z(n), "state_slots": z(n)}
+        # sampled rows: [greedy id, k top logits, k top ids] in FP64, which holds every id and FP32 value exactly
+        return {"inputs": z(len(INPUTS), n), "slot_mapping": z(n), "block_tables": z(n, self.max_blocks),
+                "sampled": torch.zeros(n, 1 + 2 * k, dtype=torch.float64, device=self.device)}
 
     def _fill_static(self, seqs: list[Sequence], rows: int) -> None:
         """Copy the batch into the static buffers; rows past the batch are padding (sink block/slot)."""
         pad_rows = rows - len(seqs)
+        st = self._static
+        host = torch.tensor([[s.token_ids[-1] for s in seqs] + [0] * pad_rows,
+                             [len(s) - 1 for s in seqs] + [0] * pad_rows,
+                             [len(s) for s in seqs] + [1] * pad_rows,
+                             [s.state_slot for s in seqs] + [self.state.pad_slot] * pad_rows], dtype=torch.long)
+        st["inputs"][:, :rows].copy_(host)
         pad_slot = self.kv.pad_block * self.bm.block_size
-        st = self._static
-        st["ids"][:rows] = self._long([s.token_ids[-1] for s in seqs] + [0] * pad_rows)
-        st["positions"][:rows] = self._long([len(s) - 1 for s in seqs] + [0] * pad_rows)
         st["slot_mapping"][:rows] = self._long([self.bm.slot(s, len(s) - 1) for s in seqs] + [pad_slot] * pad_rows)
-        st["block_tables"][:rows] = self._block_tables(seqs + [_PadSeq()] * pad_rows, self.max_blocks)
-        st["context_lens"][:rows] = self._long([len(s) for s in seqs] + [1] * pad_rows)
-        st["state_slots"][:rows] = self._long([s.state_slot for s in seqs] + [self.state.pad_slot] * pad_rows)
+        for r, s in enumerate(seqs + [_PadSeq()] * pad_rows):  # a row's table changes only with its blocks
+            key = tuple(s.block_table)  # a few ids (len / block_size): cheap beside the max_blocks-wide row
+            if self._table_rows[r] != key:
+                st["block_tables"][r] = self._long(s.block_table + [self.kv.pad_block] * (self.max_blocks - len(s.block_table)))
+                self._table_rows[r] = key
 
-    def _decode_eager(self, rows: int) -> torch.Tensor:
+    def _decode_eager(self, rows: int) -> None:
+        """The decode step on the static buffers: its inputs in, its sampled rows out."""
         st = self._static
-        ctx = Context("decode", st["positions"][:rows], slot_mapping=st["slot_mapping"][:rows],
-                      block_tables=st["block_tables"][:rows], context_lens=st["context_lens"][:rows],
-                      state_slots=st["state_slots"][:rows], kv_cache=self.kv, state_cache=self.state)
+        ids, positions, context_lens, state_slots = st["inputs"][:, :rows]
+        ctx = Context("decode", positions, slot_mapping=st["slot_mapping"][:rows], block_tables=st["block_tables"][:rows],
+                      context_lens=context_lens, state_slots=state_slots, kv_cache=self.kv, state_cache=self.state)
         with marker(FORWARD):
-            return self.model.logits(self.model.hidden(st["ids"][:rows], ctx))
+            logits = self.model.logits(self.model.hidden(ids, ctx))
+        with scope("sample"):
+            vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
+            out = st["sampled"][:rows]
+            out[:, 0] = logits.argmax(dim=-1)
+            out[:, 1:1 + self.top_k] = vals
+            out[:, 1 + self.top_k:] = top
 
     def capture_decode_graphs(self) -> None:
         """One CUDA graph per bucket, largest first so the smaller ones reuse its memory pool."""
@@ -108,9 +135,9 @@ class ModelRunner:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self._decode_eager(rows)
+                self._decode_eager(rows)
             pool = graph.pool()
-            self.graphs[rows] = (graph, out)
+            self.graphs[rows] = graph
         self.graphs = dict(sorted(self.graphs.items()))
         torch.cuda.synchronize()
 
