@@ -24,6 +24,18 @@ def test_host_ranges_are_clipped_to_the_window_and_must_nest():
         host_split([Span("a", 0, 10), Span("b", 5, 15)], (0, 20), "gap")
 
 
+def test_on_one_stream_an_overlap_belongs_to_the_kernel_that_started_first():
+    """A GEMM launched early (programmatic dependent launch) only waits while the kernel before it
+    ends: that time is the earlier kernel's, on the same stream; on two streams it is shared."""
+    same = [Span("delta_rule", 0, 10, 7), Span("tower.out_proj", 8, 15, 7), Span("norm", 15, 16, 7)]
+    assert device_split(same, (0, 20), "idle") == {"delta_rule": 10, "tower.out_proj": 5, "norm": 1, "idle": 4}
+    two = [Span("delta_rule", 0, 10, 7), Span("tower.out_proj", 8, 15, 8)]
+    assert device_split(two, (0, 15), "idle") == {"delta_rule": 9, "tower.out_proj": 6, "idle": 0}
+    # three on one stream and one on another: the stream's first takes its half
+    mixed = [Span("a", 0, 4, 1), Span("b", 2, 4, 1), Span("c", 2, 4, 2)]
+    assert device_split(mixed, (0, 4), "idle") == {"a": 2 + 1, "c": 1, "idle": 0}
+
+
 def test_device_overlaps_are_shared_and_idle_is_measured():
     acts = [Span("tower.down", 0, 10), Span("lm_head", 5, 15), Span("norm", 20, 22)]
     out = device_split(acts, (0, 30), "idle")

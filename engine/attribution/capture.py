@@ -139,12 +139,18 @@ def _trace(events) -> Trace:
         row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
         if e.device_type() != DeviceType.CPU:
             if is_device_work(e):
-                t.device.append({**row, "corr": e.correlation_id()})
+                t.device.append({**row, "corr": e.correlation_id(), "stream": _stream(e)})
         elif _ours(row["name"]):
             t.ranges.append({**row, "id": e.correlation_id(), "thread": e.start_thread_id()})
         else:  # a CUDA runtime call (cudaLaunchKernel, cudaGraphLaunch, ...), by its CUPTI correlation
             t.launches.append({**row, "corr": e.correlation_id()})
     return t
+
+
+def _stream(e) -> int | None:
+    """The device activity's stream (Kineto's device resource id), or None where the event lacks it."""
+    getter = getattr(e, "device_resource_id", None)
+    return getter() if getter is not None else None
 
 
 def innermost(ranges: list[dict], times: list[float]) -> list[dict | None]:
@@ -213,7 +219,7 @@ def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = 
             continue
         linked = launched_in.get(a["corr"])
         part = _range_part(linked["name"]) if linked else None
-        spans.append(Span(part or OTHER, a["start"], a["end"]))
+        spans.append(Span(part or OTHER, a["start"], a["end"], a.get("stream")))
     for acts in replayed.values():
         spans += _map_replay(sorted(acts, key=lambda a: a["start"]), *eager_step)
     missing = set(replays) - set(replayed)
@@ -246,7 +252,7 @@ def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Sp
         if not same_activity(a["name"], name):
             raise AttributionError(f"trace: activity {i} of a CUDA graph replay is {a['name'][:80]!r}, the eager "
                                    f"step's is {name[:80]!r}: the parts cannot be matched; run with --eager")
-    return [Span(p, a["start"], a["end"]) for a, p in zip(acts, parts)]
+    return [Span(p, a["start"], a["end"], a.get("stream")) for a, p in zip(acts, parts)]
 
 
 def eager_step_parts(trace: Trace) -> tuple[list[str], list[str]]:

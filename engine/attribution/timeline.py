@@ -5,8 +5,11 @@ Two timelines, one rule each (pure functions over plain spans, so tests build ti
   belongs to the innermost open range; a range's name says its part. Time inside the window with no
   range open belongs to `gap` (the host loop between model calls).
 - device activities (`device_split`): kernels and copies, each already labelled with its part, on
-  one or more streams. An instant covered by k activities gives 1/k of itself to each; an instant
-  covered by none is `gap` (the device idles: launch gaps, host syncs).
+  one or more streams (`lane`). Within a stream an instant belongs to the activity that started
+  first: work on one stream runs in order, and a later kernel that overlaps an earlier one was
+  launched early to wait for it (programmatic dependent launch: the packed GEMMs start while the
+  kernel before them ends, and only wait). Across streams an instant covered by k streams gives 1/k
+  of itself to each; an instant covered by none is `gap` (the device idles: launch gaps, host syncs).
 Either way the parts partition the window exactly. That is what a timeline is; whether the window
 itself matches the step timed without the profiler is the closure check, made by the caller.
 """
@@ -20,10 +23,11 @@ class Span:
     part: str  # what the time is booked to
     start: float  # any unit, the same for every span of a timeline (the profiler's microseconds)
     end: float
+    lane: object = None  # device activities: the stream; None, a stream of its own
 
 
 def _clip(spans: list[Span], lo: float, hi: float) -> list[Span]:
-    return [Span(s.part, max(s.start, lo), min(s.end, hi)) for s in spans if s.end > lo and s.start < hi]
+    return [Span(s.part, max(s.start, lo), min(s.end, hi), s.lane) for s in spans if s.end > lo and s.start < hi]
 
 
 def host_split(ranges: list[Span], window: tuple[float, float], gap: str) -> dict[str, float]:
@@ -60,7 +64,8 @@ def host_split(ranges: list[Span], window: tuple[float, float], gap: str) -> dic
 
 
 def device_split(activities: list[Span], window: tuple[float, float], gap: str) -> dict[str, float]:
-    """Time per part of device activities inside `window`, overlaps shared evenly; idle is `gap`."""
+    """Time per part of device activities inside `window`: within a stream to the activity that
+    started first, across streams shared evenly; idle is `gap`."""
     lo, hi = window
     acts = _clip(activities, lo, hi)
     edges = sorted({lo, hi, *(a.start for a in acts), *(a.end for a in acts)})
@@ -77,6 +82,9 @@ def device_split(activities: list[Span], window: tuple[float, float], gap: str) 
         if not active:
             out[gap] += width
             continue
+        first: dict[object, Span] = {}  # per stream, the earliest-started active activity (in start order)
         for a in active:
-            out[a.part] = out.get(a.part, 0.0) + width / len(active)
+            first.setdefault(id(a) if a.lane is None else ("lane", a.lane), a)
+        for a in first.values():
+            out[a.part] = out.get(a.part, 0.0) + width / len(first)
     return out
