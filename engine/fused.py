@@ -1,6 +1,7 @@
 """The fused decode kernels, chosen once per model at build: on CUDA unless REGATE_FUSED_DECODE=0.
 
 kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch ops),
+kernels/attention_prep.py (q/k norms, RoPE and the K/V write of an attention layer in one launch),
 kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
 kernels/decode_norm.py (residual add + RMSNorm, SiLU * up). On by default on CUDA since the sacred
 cuda_engine suite passed with them in the GPU gate (docs/BENCHMARKS.md); REGATE_FUSED_DECODE=0 runs
@@ -21,9 +22,10 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     """The kernel functions when this device runs them, else None (the reference path)."""
     if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return None
-    from kernels import decode_norm, gdn_decode, paged_attention
+    from kernels import attention_prep, decode_norm, gdn_decode, paged_attention
 
     return SimpleNamespace(conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
+                           attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,
                            rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,
                            silu_mul=decode_norm.silu_mul)

@@ -12,12 +12,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels.triton_round import round_to
 
 
 @triton.jit
 def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out,
-                        HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+        tl.extra.cuda.gdc_wait()
     r = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     m = c < n
@@ -32,7 +35,9 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
 
 
 @triton.jit
-def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, s_g, s_u, s_out, BLOCK: tl.constexpr):
+def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, s_g, s_u, s_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+        tl.extra.cuda.gdc_wait()
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < n
@@ -51,7 +56,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(1 + w) RMSNorm of each row of x [T, N]."""
     out = torch.empty_like(x)
     add_rms_norm_kernel[(x.shape[0],)](x, x, weight, x, out, x.shape[1], eps, x.stride(0), 0, 0, out.stride(0),
-                                       HAS_D=False, BLOCK=_block(x.shape[1]), num_warps=8)
+                                       HAS_D=False, BLOCK=_block(x.shape[1]), num_warps=8,
+                                       **pdl.launch_options(x.device))
     return out
 
 
@@ -60,7 +66,7 @@ def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: fl
     res, out = torch.empty_like(h), torch.empty_like(h)
     add_rms_norm_kernel[(h.shape[0],)](h, d, weight, res, out, h.shape[1], eps, h.stride(0), d.stride(0),
                                        res.stride(0), out.stride(0), HAS_D=True, BLOCK=_block(h.shape[1]),
-                                       num_warps=8)
+                                       num_warps=8, **pdl.launch_options(h.device))
     return res, out
 
 
@@ -68,5 +74,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(gate)
     block = 1024
     silu_mul_kernel[(gate.shape[0], triton.cdiv(gate.shape[1], block))](
-        gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), out.stride(0), BLOCK=block)
+        gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), out.stride(0), BLOCK=block,
+        **pdl.launch_options(gate.device))
     return out

@@ -20,12 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels.triton_round import round_to as _round
 
 
 @triton.jit
 def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s_qkv, s_conv, s_mixed,
-                     KERN: tl.constexpr, BLOCK: tl.constexpr):
+                     KERN: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < conv_dim
@@ -48,7 +51,9 @@ def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s
 @triton.jit
 def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_ptr, dtb_ptr, normw_ptr, out_ptr,
                       key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
-                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     hv = tl.program_id(1)
     kh = hv // REP
@@ -85,7 +90,8 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
     mixed = torch.empty_like(qkv)
     block = 1024
     conv_step_kernel[(bsz, triton.cdiv(c, block))](qkv, conv_cache, slots, weight, mixed, c, qkv.stride(0),
-                                                   conv_cache.stride(0), mixed.stride(0), KERN=kern, BLOCK=block)
+                                                   conv_cache.stride(0), mixed.stride(0), KERN=kern, BLOCK=block,
+                                                   **pdl.launch_options(qkv.device))
     return mixed
 
 
@@ -98,5 +104,5 @@ def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
     delta_step_kernel[(bsz, hv)](
         mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, num_k_heads * head_k_dim, eps,
         head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), rec_cache.stride(0), out.stride(0),
-        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, num_warps=8)
+        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, num_warps=8, **pdl.launch_options(mixed.device))
     return out

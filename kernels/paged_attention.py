@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels.triton_round import round_to as _round
 
 
@@ -31,7 +32,9 @@ def _dot(a, b, IEEE: tl.constexpr):
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr, scale,
                         s_qb, s_qh, s_kblk, s_ktok, s_kh, s_bt, s_gb, s_gh, s_out,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                        TILE: tl.constexpr, IEEE: tl.constexpr):
+                        TILE: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     dt = out_ptr.dtype.element_ty
@@ -82,5 +85,5 @@ def paged_decode_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         q, k_cache, v_cache, block_tables, context_lens, gate, out, scale, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), gate.stride(0),
         gate.stride(1), out.stride(0), G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BS=bs, TILE=64,
-        IEEE=q.device.type == "cpu", num_warps=4)  # on the CPU only under Triton's interpreter
+        IEEE=q.device.type == "cpu", num_warps=4, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
     return out

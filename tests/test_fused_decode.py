@@ -1,4 +1,4 @@
-"""The fused decode kernels (kernels/gdn_decode.py, decode_norm.py, paged_attention.py) against their
+"""The fused decode kernels (kernels/gdn_decode.py, decode_norm.py, attention_prep.py, paged_attention.py) against their
 reference twins in engine.model, on fresh random inputs: on the GPU when there is one, else under
 Triton's CPU interpreter (so CI checks the kernels' maths without a GPU)."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ import torch.nn.functional as F
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
 triton = pytest.importorskip("triton")
-from kernels import decode_norm, gdn_decode, paged_attention  # noqa: E402
+from kernels import attention_prep, decode_norm, gdn_decode, paged_attention  # noqa: E402
 from engine.model.attention import paged_decode_attention  # noqa: E402
+from engine.model.rope import Rope, apply_rope  # noqa: E402
 from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
 from engine.model.norm import RMSNorm, gated_rms_norm  # noqa: E402
 
@@ -107,6 +108,52 @@ def test_paged_decode_attention_reads_live_blocks_and_matches_the_reference(h, h
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("h, hkv, d, partial", [(4, 2, 32, 0.25), (6, 1, 64, 0.5), (2, 2, 16, 1.0)])
+def test_attention_prep_norms_rotates_and_writes_the_cache_as_the_reference(h, hkv, d, partial):
+    g = torch.Generator().manual_seed(h * 10 + d)
+    bsz, bs, num_blocks = 3, 4, 5
+    qg = (torch.randn(bsz, h, 2 * d, generator=g) * 3).to(BF16)  # q and gate interleaved per head, as the model
+    q = qg[..., :d]
+    kv = (torch.randn(bsz, 2, hkv, d, generator=g) * 2).to(BF16)
+    k, v = kv[:, 0], kv[:, 1]  # strided views
+    qw, kw = (torch.randn(d, generator=g) * 0.2).to(BF16), (torch.randn(d, generator=g) * 0.2).to(BF16)
+    rope = Rope(d, partial, 10000.0)
+    positions = torch.tensor([3, 0, 17])
+    cos, sin = rope.cos_sin(positions, BF16)
+    slots = torch.tensor([9, 2, 14])  # block 2 token 1, block 0 token 2, block 3 token 2
+    k_cache = torch.randn(num_blocks, bs, hkv, d, generator=g).to(BF16)
+    v_cache = torch.randn(num_blocks, bs, hkv, d, generator=g).to(BF16)
+    # reference: RMSNorm then apply_rope then the flat index_copy_ (engine.model.attention)
+    ref_q = apply_rope(RMSNorm(qw, 1e-6)(q), cos, sin)
+    ref_k = apply_rope(RMSNorm(kw, 1e-5)(k), cos, sin)
+    ref_kc, ref_vc = k_cache.clone(), v_cache.clone()
+    ref_kc.view(-1, hkv, d).index_copy_(0, slots, ref_k)
+    ref_vc.view(-1, hkv, d).index_copy_(0, slots, v)
+    kc, vc = k_cache.to(DEV), v_cache.to(DEV)
+    out = attention_prep.attention_prep(q.to(DEV), k.to(DEV), v.to(DEV), qw.to(DEV), kw.to(DEV), 1e-6, 1e-5,
+                                        cos.to(DEV), sin.to(DEV), slots.to(DEV), kc, vc)
+    assert out.shape == (bsz, h, d)
+    assert _ulps(out.cpu(), ref_q).max() <= 2.0  # one ulp from the norm's FP32 sum order, carried by RoPE
+    assert _ulps(kc.cpu(), ref_kc).max() <= 2.0
+    assert torch.equal(vc.cpu(), ref_vc)  # v is a copy; every slot not written is untouched
+    untouched = [i for i in range(num_blocks * bs) if i not in slots.tolist()]
+    assert torch.equal(kc.cpu().view(-1, hkv, d)[untouched], k_cache.view(-1, hkv, d)[untouched])
+
+
+def test_attention_prep_refuses_what_it_cannot_index():
+    q = torch.zeros(1, 2, 24, dtype=BF16)
+    cache = torch.zeros(2, 4, 1, 24, dtype=BF16)
+    cs = torch.zeros(1, 8, dtype=BF16)
+    with pytest.raises(ValueError, match="power of two"):
+        attention_prep.attention_prep(q, q[:, :1], q[:, :1], q[0, 0], q[0, 0], 1e-6, 1e-6, cs, cs,
+                                      torch.zeros(1, dtype=torch.long), cache, cache)
+    q = torch.zeros(1, 2, 16, dtype=BF16)
+    cache = torch.zeros(2, 4, 1, 16, dtype=BF16).transpose(0, 1)  # a token's slot no longer indexes it flat
+    with pytest.raises(ValueError, match="cache"):
+        attention_prep.attention_prep(q, q[:, :1], q[:, :1], q[0, 0], q[0, 0], 1e-6, 1e-6, cs, cs,
+                                      torch.zeros(1, dtype=torch.long), cache, cache)
+
+
 def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
     greedy tokens and logits within FP32 noise, prompts of different lengths in one batch."""
@@ -129,7 +176,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
         return call
     kernels = SimpleNamespace(**{name: counted(name, fn) for name, fn in (
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
-        ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
+        ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
     monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
@@ -137,10 +184,12 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
-        assert calls["delta_step"] == calls["conv_step"] > 0 and calls["paged_decode_gated"] > 0
+        assert calls["delta_step"] == calls["conv_step"] > 0
+        assert calls["paged_decode_gated"] == calls["attention_prep"] > 0
         assert calls["add_rms_norm"] >= 2 * layers and calls["silu_mul"] >= layers  # the eager prefill, at least
     else:
-        assert calls["delta_step"] == calls["conv_step"] == steps * 3 and calls["paged_decode_gated"] == steps * 1
+        assert calls["delta_step"] == calls["conv_step"] == steps * 3
+        assert calls["paged_decode_gated"] == calls["attention_prep"] == steps * 1
         assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
 
 
@@ -153,3 +202,13 @@ def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path(monkeypatch):
     assert on is not None and on.delta_step is gdn_decode.delta_step
     monkeypatch.setenv(fused.ENV, "0")
     assert fused.fused_kernels(torch.device("cuda")) is None
+
+
+def test_programmatic_dependent_launch_is_cuda_only_and_switchable(monkeypatch):
+    from kernels import pdl
+
+    monkeypatch.delenv(pdl.ENV, raising=False)
+    assert pdl.launch_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options(torch.device("cpu")) == {"PDL": False}  # the interpreter has no griddepcontrol
+    monkeypatch.setenv(pdl.ENV, "0")
+    assert pdl.launch_options(torch.device("cuda")) == {"PDL": False}

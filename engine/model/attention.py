@@ -63,17 +63,25 @@ class GatedAttention:
             qg, k, v = self.qkv_proj(x)
         q, gate = qg.view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, self.num_kv_heads, hd), v.view(t, self.num_kv_heads, hd)
+        if ctx.kind == "decode" and self.fused is not None:
+            return self._decode_fused(q, k, v, gate, ctx)
         q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)
         with scope("attention"):
             q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
-            if ctx.kind == "decode" and self.fused is not None:
-                k_cache, v_cache = self._write_kv(k, v, ctx)
-                out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
-                                                    self.scale)
-                with scope("tower.qkvo"):
-                    return self.o_proj(out)
             out = self._attend(q, k, v, ctx)  # [T, H, D]
             out = out.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
+        with scope("tower.qkvo"):
+            return self.o_proj(out)
+
+    def _decode_fused(self, q, k, v, gate, ctx: Context) -> torch.Tensor:
+        """Two kernels: q/k norms, RoPE and the K/V write (booked as attention, norms included), then
+        attention over the live tokens with the output gate."""
+        k_cache, v_cache = ctx.kv_cache.layer(self.cache_index)
+        with scope("attention"):
+            q = self.fused.attention_prep(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                          self.k_norm.eps, ctx.cos, ctx.sin, ctx.slot_mapping, k_cache, v_cache)
+            out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
+                                                self.scale)
         with scope("tower.qkvo"):
             return self.o_proj(out)
 

@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
 }
 
 __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
+  grid_dependency_wait();  // launched as a dependent of the GEMM whose partials it sums
   const int n_main = p.row_tiles * 16;
   const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (long)p.m * n_main) return;
@@ -225,17 +226,7 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
   // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
   // end of the kernel before it.
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas * m_blocks, splits);
-  cfg.blockDim = dim3(WARPS * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, q, m_blocks);
+  cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, q, m_blocks);
   if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
   return reduce_splits(q, splits, stream);
 }
@@ -275,6 +266,5 @@ cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int
 
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const long total = (long)p.m * p.row_tiles * 16;
-  reduce_splits_kernel<<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(p, splits);
-  return cudaGetLastError();
+  return launch_dependent(reduce_splits_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, stream, p, splits);
 }

@@ -206,19 +206,9 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: the GEMM's CTAs start while x_tiles_kernel runs, so its launch,
   // prologue and first weight loads overlap that kernel (griddepcontrol in both kernels).
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(ctas * m_blocks, splits);
-  cfg.blockDim = dim3(WGS * 128);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
   TileGemmArgs q = p;
   if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
-  err = cudaLaunchKernelEx(&cfg, kernel, q, m_blocks);
+  err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WGS * 128), smem, stream, q, m_blocks);
   if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
   return reduce_splits(q, splits, stream);
 }

@@ -2,6 +2,8 @@
 // group waits, the shared-memory descriptor of a 128-byte-swizzled K-major tile, mbarriers, and the
 // bulk (TMA) copy global -> shared that completes on an mbarrier. PTX ISA 8.0.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace tile {
@@ -47,6 +49,24 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int byt
 // early; the dependent waits for the primary's completion and memory before reading its output.
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Launches `kernel` as a programmatic dependent of the kernel before it on `stream`: its CTAs may be
+// scheduled while that kernel drains. The kernel must call grid_dependency_wait() before it touches
+// any memory that kernel reads or writes.
+template <typename Kernel, typename... Args>
+cudaError_t launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 
 // Arrives on `bar` where `arrive` is true, without a branch: inside a wgmma pipeline a branch makes
 // ptxas serialize the wgmmas (warning C7513).

@@ -1,0 +1,25 @@
+"""Programmatic dependent launch (PDL) for the Triton decode kernels.
+
+A kernel launched with PDL may be scheduled while the kernel before it drains, so the launch gap
+between two small kernels of a decode step (~1-2 us each, hundreds per step, inside CUDA graphs too)
+overlaps the previous kernel's tail. Each such kernel starts with `gdc_wait()` (griddepcontrol.wait):
+it touches no memory before the kernel it depends on has completed and flushed, so reads see that
+kernel's writes and its writes cannot race that kernel's reads. The CUDA GEMMs do the same in C++
+(csrc/sm90_async.cuh). On by default on CUDA; REGATE_PDL=0 launches them plainly (the A/B switch).
+Never under Triton's CPU interpreter, which has no grid dependency control.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV = "REGATE_PDL"
+
+
+def launch_options(device: torch.device) -> dict:
+    """Keyword arguments for launching a kernel that takes `PDL: tl.constexpr` and begins with
+    `if PDL: gdc_wait()`."""
+    if device.type == "cuda" and os.environ.get(ENV, "1") != "0":
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
