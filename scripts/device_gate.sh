@@ -28,6 +28,12 @@
 #            of the packed arm on the 27b shape cut to $MERGE_LAYERS (default 16) layers, batch 1 and 16, three
 #            variants ($MERGE_VARIANTS, digits = REGATE_MERGE_PROJECTIONS, REGATE_SPLITK_IN_KERNEL) interleaved:
 #            neither (00), the split-K sum in the kernel alone (01), both (11)
+#   ab       A/B of environment switches: $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
+#            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
+#            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
+#            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved
+#   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
+#            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1")
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
 # stop the next one.
 set -uo pipefail
@@ -193,6 +199,34 @@ import json; r = json.load(open('$OUT/bench-${L}L-b$B-v$V.json')); p = r['params
 print('27b-${L}L batch', p['batch'], 'merge,splitk-in-kernel=$V', round(r['ms_per_step'], 3), 'ms/step',
       round(r['decode_tok_s'], 1), 'tok/s prefill', round(r['prefill_ms'], 1), 'ms')" || echo "bench b$B v$V failed"
   done; done
+}
+
+ckpt_27b() { PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$1))" | tail -1; }
+
+stage_ab() {
+  PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
+  local L=${AB_LAYERS:-64} B V ck tag
+  ck=$(ckpt_27b "$L")
+  for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-REGATE_PDL=1 REGATE_PDL=0}; do
+    tag=$(echo "$V" | tr ',=' '_-')
+    env $(echo "$V" | tr ',' ' ') PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
+      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-$tag.json"
+    $PY -c "
+import json; r = json.load(open('$OUT/bench-${L}L-b$B-$tag.json')); p = r['params']
+print('27b-${L}L batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill',
+      round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" || echo "bench b$B $V failed"
+  done; done
+}
+
+stage_kernels() {
+  local L=${KERNELS_LAYERS:-64} B ck
+  ck=$(ckpt_27b "$L")
+  for B in ${KERNELS_BATCHES:-1}; do
+    echo "-- 27b-${L}L batch $B"
+    PYTHONPATH=$PWD timeout "${KERNELS_S:-180}" $PY scripts/decode_kernels.py --model "$ck" --batch "$B" \
+      --top "${KERNELS_TOP:-40}" > "$OUT/kernels-${L}L-b$B.txt" 2>&1
+    echo "rc=$?"; head -n -1 "$OUT/kernels-${L}L-b$B.txt" | tail -45
+  done
 }
 
 for s in "$@"; do
