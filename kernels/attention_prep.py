@@ -44,7 +44,8 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, dt: tl.constexpr, D: tl.cons
 def attention_prep_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, qout_ptr, kc_ptr, vc_ptr,
                           q_eps, k_eps, s_qb, s_qh, s_kb, s_kh, s_vb, s_vh, s_cos, s_qo, s_cslot, s_chead,
                           H: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     j = tl.program_id(1)

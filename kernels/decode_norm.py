@@ -19,7 +19,8 @@ from kernels.triton_round import round_to
 @triton.jit
 def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out,
                         HAS_D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     r = tl.program_id(0)
     c = tl.arange(0, BLOCK)
@@ -36,7 +37,8 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
 
 @triton.jit
 def silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, s_g, s_u, s_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

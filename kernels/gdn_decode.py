@@ -27,7 +27,8 @@ from kernels.triton_round import round_to as _round
 @triton.jit
 def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s_qkv, s_conv, s_mixed,
                      KERN: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -52,7 +53,8 @@ def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s
 def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_ptr, dtb_ptr, normw_ptr, out_ptr,
                       key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
                       REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     hv = tl.program_id(1)

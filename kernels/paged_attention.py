@@ -33,7 +33,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr
                         s_qb, s_qh, s_kblk, s_ktok, s_kh, s_bt, s_gb, s_gh, s_out,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                         TILE: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # kernels/pdl.py: nothing is read or written before the kernel before has finished
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)

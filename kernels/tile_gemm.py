@@ -38,6 +38,10 @@ SPLIT_MAX = 16
 # H200 (27b cut to 16 layers, packed arm, merged projections: 2.43 -> 2.48 ms/step at batch 1, 3.62 ->
 # 3.93 at batch 16; docs/lab/2026-12-03-merged-projections.md); kept, tested, for a later fix.
 COUNTERS = 1 << 16
+# K groups of its weights each warp of the mma.sync kernel prefetches into L2 before it waits on the
+# kernel before it (csrc/nvfp4_tile_decode.cuh prefetch_groups): the weight stream starts during the
+# previous kernels' tail. REGATE_GEMM_PREFETCH=0 turns it off (the A/B switch).
+PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "4"))
 _counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
@@ -125,7 +129,8 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
                                    cfg.row_blocks, gps, row_scale, counters)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
-                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters)
+                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
+                                  PREFETCH_GROUPS)
     if op.n > op.n_main:
         y[:, op.n_main:] = nvfp4_gemm(x, op.tail_packed, op.tail_scale, global_scale, name="tile tail")
     return y

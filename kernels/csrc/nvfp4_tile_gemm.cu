@@ -155,8 +155,11 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if constexpr (XS) __syncthreads();  // the slot is refilled next
   };
   // Programmatic dependent launch: this CTA was launched while the kernel before it finished; it
-  // reads nothing (not even the weights, which a load-time kernel may just have written) before
-  // that kernel has completed and its memory is visible.
+  // reads nothing into registers (not even the weights, which a load-time kernel may just have
+  // written) before that kernel has completed and its memory is visible. Its first weights are
+  // only prefetched into L2 (coherent) meanwhile.
+  if (active && p.prefetch_groups > 0 && cg0 < cg1)
+    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
   grid_dependency_wait();
   if (cg0 < cg1) fetch(buf0, cg0, 0);
   if constexpr (XS) cp_async_commit();
@@ -169,6 +172,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if constexpr (XS) cp_async_commit();
     run(buf1, cg + 1, 1);
   }
+  launch_dependents();  // the next kernel may be scheduled (it waits for this grid before any access)
   // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
   auto each_out = [&](auto&& f) {
 #pragma unroll

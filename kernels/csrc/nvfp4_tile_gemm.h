@@ -19,6 +19,8 @@ struct TileGemmArgs {
   int* counters;           // split-K arrival counters, one per CTA column (blockIdx.x), all zero between
                            // launches; nullptr: the splits are summed by reduce_splits_kernel instead
   int counters_len;
+  int prefetch_groups;     // K groups of its weights each warp prefetches into L2 before waiting on the
+                           // kernel before it (programmatic dependent launch); 0: none
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

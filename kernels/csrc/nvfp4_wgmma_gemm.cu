@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
     if (cg + 2 < cg1) fetch(buf0, cg + 2);
     run(buf1);
   }
+  launch_dependents();  // the next kernel may be scheduled (it waits for this grid before any access)
   wgmma_wait<0>();
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb)
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
 // four 4-byte words 16 values apart. Rows past M are zero.
 __global__ void x_tiles_kernel(const __nv_bfloat16* x, long ldx, int m, int k, int bm, uint4* out, long pieces) {
   launch_dependents();  // the GEMM may start now: it waits for this grid before reading `out`
+  grid_dependency_wait();  // launched as a dependent too: x is the kernel before's output
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= pieces) return;
   const int pp = idx & 7;
@@ -225,9 +227,8 @@ cudaError_t launch_wg(const TileGemmArgs& p, int warpgroups, int splits, cudaStr
 cudaError_t wgmma_x_tiles(const __nv_bfloat16* x, long ldx, int m, int k, int block_m, void* out,
                           cudaStream_t stream) {
   const long pieces = (long)(m + block_m - 1) / block_m * block_m * (k / 64) * 8;
-  x_tiles_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, stream>>>(x, ldx, m, k, block_m,
-                                                                       static_cast<uint4*>(out), pieces);
-  return cudaGetLastError();
+  return launch_dependent(x_tiles_kernel, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0, stream, x, ldx, m, k,
+                          block_m, static_cast<uint4*>(out), pieces);
 }
 
 cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int row_blocks, int splits,
