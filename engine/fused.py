@@ -3,7 +3,9 @@
 kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch ops),
 kernels/attention_prep.py (q/k norms, RoPE and the K/V write of an attention layer in one launch),
 kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
-kernels/decode_norm.py (residual add + RMSNorm, SiLU * up). On by default on CUDA since the sacred
+kernels/decode_norm.py (residual add + RMSNorm, SiLU * up), and for prefill kernels/gdn_prefill.py
+(Gated DeltaNet's conv and delta rule of a whole batch of prompts in 2 launches per layer;
+REGATE_FUSED_PREFILL=0 leaves prefill on the torch path). On by default on CUDA since the sacred
 cuda_engine suite passed with them in the GPU gate (docs/BENCHMARKS.md); REGATE_FUSED_DECODE=0 runs
 the torch path, which stays the reference twin (tests/test_fused_decode.py compares them) and the
 only path on the CPU backend.
@@ -16,15 +18,19 @@ from types import SimpleNamespace
 import torch
 
 ENV = "REGATE_FUSED_DECODE"
+PREFILL_ENV = "REGATE_FUSED_PREFILL"
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     """The kernel functions when this device runs them, else None (the reference path)."""
     if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return None
-    from kernels import attention_prep, decode_norm, gdn_decode, paged_attention
+    from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention
 
-    return SimpleNamespace(conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
+    prefill = os.environ.get(PREFILL_ENV, "1") != "0"
+    return SimpleNamespace(conv_prefill=gdn_prefill.conv_prefill if prefill else None,
+                           delta_prefill=gdn_prefill.delta_prefill if prefill else None,
+                           conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
                            attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,
                            rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,

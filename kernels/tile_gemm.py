@@ -40,8 +40,10 @@ SPLIT_MAX = 16
 COUNTERS = 1 << 16
 # K groups of its weights each warp of the mma.sync kernel prefetches into L2 before it waits on the
 # kernel before it (csrc/nvfp4_tile_decode.cuh prefetch_groups): the weight stream starts during the
-# previous kernels' tail. REGATE_GEMM_PREFETCH=0 turns it off (the A/B switch).
-PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "4"))
+# previous kernels' tail. Off by default: on the H200 (27b, 64 layers, packed arm, batch 1, PDL on) 4
+# groups made a decode step slower, 6.79 -> 7.14 ms (docs/lab/2026-12-04-prefill.md); REGATE_GEMM_PREFETCH=N
+# turns it on for an A/B.
+PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "0"))
 _counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).

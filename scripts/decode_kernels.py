@@ -6,6 +6,7 @@ different lengths are profiled (Kineto, as engine.attribution.capture records th
 warm-up and the loop's ends cancel and what is left is per decode step (graph replays included).
 
     python scripts/decode_kernels.py --model CKPT [--batch 1] [--lengths 8,72] [--top 30]
+    python scripts/decode_kernels.py --model CKPT --prefill [--prompt-len 128]   # one prefill's kernels instead
 
 Prints a table and one JSON line.
 """
@@ -47,16 +48,20 @@ def main() -> None:
     ap.add_argument("--lengths", default="8,72")
     ap.add_argument("--lm-head", default="packed")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--prefill", action="store_true", help="list the kernels of one prefill (and its one token)")
     a = ap.parse_args()
     from engine.commands.bench import synthetic_prompts
     from engine.engine import Engine
 
-    n1, n2 = (int(x) for x in a.lengths.split(","))
+    n1, n2 = (1, 1) if a.prefill else (int(x) for x in a.lengths.split(","))
     eng = Engine(a.model, backend="cuda", lm_head=a.lm_head, max_num_seqs=a.batch, max_model_len=a.prompt_len + n2)
     prompts = synthetic_prompts(a.batch, a.prompt_len, eng.model.config.vocab_size, 0)
     eng.generate(prompts, n2)  # warm-up: compiles, captures the graphs
-    short, long = profile(eng, prompts, n1), profile(eng, prompts, n2)
-    steps = n2 - n1
+    if a.prefill:  # one profiled prefill against nothing: the listing is per prefill
+        short, long, steps = {}, profile(eng, prompts, 1), 1
+    else:
+        short, long = profile(eng, prompts, n1), profile(eng, prompts, n2)
+        steps = n2 - n1
     rows = []
     for name in set(short) | set(long):
         s, lg = short.get(name, [0, 0.0, 0.0]), long.get(name, [0, 0.0, 0.0])
@@ -68,7 +73,8 @@ def main() -> None:
     for r in rows[: a.top]:
         print(f"{r['kernel']:90s} {r['per_step']:7.1f} {r['us']:9.1f} {r['gap_us']:8.1f}")
     print(f"{'total':90s} {total['per_step']:7.1f} {total['us']:9.1f} {total['gap_us']:8.1f}")
-    print(json.dumps({"model": a.model, "batch": a.batch, "lengths": [n1, n2], "total": total, "rows": rows[: a.top]}))
+    print(json.dumps({"model": a.model, "batch": a.batch, "prefill": a.prefill, "prompt_len": a.prompt_len,
+                      "lengths": [n1, n2], "total": total, "rows": rows[: a.top]}))
 
 
 if __name__ == "__main__":

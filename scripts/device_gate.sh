@@ -33,7 +33,8 @@
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
 #            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
-#            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1")
+#            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
+#            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
 # Each stage logs to $OUT/<stage>.log and prints its rc and wall seconds; a failing stage does not
 # stop the next one.
 set -uo pipefail
@@ -224,8 +225,8 @@ stage_kernels() {
   for B in ${KERNELS_BATCHES:-1}; do
     echo "-- 27b-${L}L batch $B"
     PYTHONPATH=$PWD timeout "${KERNELS_S:-180}" $PY scripts/decode_kernels.py --model "$ck" --batch "$B" \
-      --top "${KERNELS_TOP:-40}" > "$OUT/kernels-${L}L-b$B.txt" 2>&1
-    echo "rc=$?"; head -n -1 "$OUT/kernels-${L}L-b$B.txt" | tail -45
+      --top "${KERNELS_TOP:-40}" ${KERNELS_ARGS:-} > "$OUT/kernels-${L}L-b$B${KERNELS_TAG:-}.txt" 2>&1
+    echo "rc=$?"; head -n -1 "$OUT/kernels-${L}L-b$B${KERNELS_TAG:-}.txt" | tail -n "$((${KERNELS_TOP:-40} + 5))"
   done
 }
 

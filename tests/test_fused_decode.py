@@ -12,7 +12,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
 triton = pytest.importorskip("triton")
-from kernels import attention_prep, decode_norm, gdn_decode, paged_attention  # noqa: E402
+from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention  # noqa: E402
 from engine.model.attention import paged_decode_attention  # noqa: E402
 from engine.model.rope import Rope, apply_rope  # noqa: E402
 from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
@@ -175,6 +175,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
             return fn(*args, **kwargs)
         return call
     kernels = SimpleNamespace(**{name: counted(name, fn) for name, fn in (
+        ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
         ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
@@ -183,6 +184,8 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
+    gdn_layers = sum(1 for layer in eng.model.layers if hasattr(layer.mixer, "state_index"))
+    assert calls["conv_prefill"] == calls["delta_prefill"] == gdn_layers  # one prefill of the three prompts
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
         assert calls["delta_step"] == calls["conv_step"] > 0
         assert calls["paged_decode_gated"] == calls["attention_prep"] > 0

@@ -24,6 +24,26 @@ class Context:
     state_cache: object | None = None  # engine.kv_cache.StateCache
     cos: torch.Tensor | None = None  # [T, rotary_dim], filled by the model once per step
     sin: torch.Tensor | None = None
+    _varlen: tuple | None = field(default=None, repr=False)  # (cu_seqlens, token_seqs), made once per step
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """[B+1] int32 on the step's device: where each sequence's query tokens start (varlen kernels)."""
+        return self._varlen_tensors()[0]
+
+    def token_seqs(self) -> torch.Tensor:
+        """[T] int32: the sequence of each query token."""
+        return self._varlen_tensors()[1]
+
+    def _varlen_tensors(self) -> tuple:
+        if self._varlen is None:
+            starts = [0]
+            for n in self.seq_lens:
+                starts.append(starts[-1] + n)
+            seqs = [i for i, n in enumerate(self.seq_lens) for _ in range(n)]
+            dev = self.positions.device
+            self._varlen = (torch.tensor(starts, dtype=torch.int32).to(dev, non_blocking=True),
+                            torch.tensor(seqs, dtype=torch.int32).to(dev, non_blocking=True))
+        return self._varlen
 
     @classmethod
     def contiguous(cls, n_tokens: int, device) -> "Context":

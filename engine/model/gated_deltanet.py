@@ -41,6 +41,18 @@ class GatedDeltaNet:
                 core = self._decode_fused(qkv, z, b, a, ctx)
             with scope("tower.out_proj"):
                 return self.out_proj(core)
+        if ctx.kind == "prefill" and self.fused is not None and self.fused.delta_prefill is not None:
+            with scope("delta_rule"):
+                core = self._prefill_fused(qkv, b, a, ctx)
+        else:
+            core = self._reference(qkv, b, a, ctx)
+        t = x.shape[0]
+        core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
+                              self.norm_weight, self.eps)
+        with scope("tower.out_proj"):
+            return self.out_proj(core.reshape(t, -1))
+
+    def _reference(self, qkv, b, a, ctx: Context) -> torch.Tensor:
         with scope("delta_rule"):
             beta = b.sigmoid()  # [T, Hv]
             # The decay in log space, FP32 so -exp(A_log) never overflows the activation dtype
@@ -50,11 +62,7 @@ class GatedDeltaNet:
             else:
                 core = torch.cat([self._prefill(qkv[s:e], g[s:e], beta[s:e], ctx, i)
                                   for i, (s, e) in enumerate(ctx.query_ranges())])
-        t = x.shape[0]
-        core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
-                              self.norm_weight, self.eps)
-        with scope("tower.out_proj"):
-            return self.out_proj(core.reshape(t, -1))
+        return core
 
     def _split(self, mixed: torch.Tensor):
         t = mixed.shape[0]  # mixed: [T, conv_dim] after the conv
@@ -80,6 +88,15 @@ class GatedDeltaNet:
             ctx.state_cache.conv(self.state_index).index_copy_(0, slot, history.to(ctx.state_cache.dtype))
             ctx.state_cache.recurrent(self.state_index).index_copy_(0, slot, state)
         return out[0].reshape(t, -1)
+
+    def _prefill_fused(self, qkv, b, a, ctx: Context) -> torch.Tensor:
+        """Every prompt of the batch in two kernels (kernels/gdn_prefill.py), states stored per slot."""
+        cache, cu = ctx.state_cache, ctx.cu_seqlens()
+        mixed = self.fused.conv_prefill(qkv, cu, ctx.token_seqs(), cache.conv(self.state_index), ctx.state_slots,
+                                        self.conv_weight)
+        return self.fused.delta_prefill(mixed, b, a, cu, cache.recurrent(self.state_index), ctx.state_slots,
+                                        self.A_log, self.dt_bias, num_k_heads=self.num_k_heads,
+                                        head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
 
     def _decode_fused(self, qkv, z, b, a, ctx: Context) -> torch.Tensor:
         cache = ctx.state_cache

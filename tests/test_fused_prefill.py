@@ -1,0 +1,91 @@
+"""The fused prefill kernels of Gated DeltaNet (kernels/gdn_prefill.py) against the reference twin
+(engine.model.gated_deltanet._prefill: conv1d, SiLU, chunk_gated_delta_rule from a zero state, the
+conv window and state stored per sequence), on fresh random inputs: on the GPU when there is one,
+else under Triton's CPU interpreter."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
+pytest.importorskip("triton")
+from kernels import gdn_prefill  # noqa: E402
+from engine.model.delta_rule import chunk_gated_delta_rule  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BF16 = torch.bfloat16
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units of b's BF16 spacing (2^-7 relative), for values away from zero."""
+    return (a.float() - b.float()).abs() / (b.float().abs().clamp_min(1e-2) * 2**-7)
+
+
+def _reference(qkv, b, a, conv_w, a_log, dt_bias, lens, hk, dk, dv):
+    """Per sequence, as engine.model.gated_deltanet._prefill: (core out [T, Hv*Dv], windows, states)."""
+    kern, outs, windows, states, start = conv_w.shape[1], [], [], [], 0
+    beta = b.sigmoid()
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    for n in lens:
+        x = qkv[start:start + n]
+        window = F.pad(x.t().unsqueeze(0), (kern - 1, 0))
+        mixed = F.silu(F.conv1d(window, conv_w.unsqueeze(1), groups=conv_w.shape[0])[..., -n:]).to(BF16)[0].t()
+        q, k, v = torch.split(mixed, [hk * dk, hk * dk, mixed.shape[1] - 2 * hk * dk], dim=-1)
+        out, state = chunk_gated_delta_rule(q.reshape(1, n, hk, dk), k.reshape(1, n, hk, dk), v.reshape(1, n, -1, dv),
+                                            g[None, start:start + n], beta[None, start:start + n])
+        outs.append(out[0].reshape(n, -1))
+        windows.append(window[0, :, -(kern - 1):])
+        states.append(state[0])
+        start += n
+    return torch.cat(outs), windows, states
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv, lens", [(2, 4, 32, 32, [5, 1, 70]), (1, 3, 16, 64, [2, 9])])
+def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, lens):
+    """Sequences shorter than the conv window, of one token, and longer than a 64-token chunk."""
+    g = torch.Generator().manual_seed(hv * 10 + dv)
+    kern, n_slots = 4, 5
+    total, conv_dim = sum(lens), 2 * hk * dk + hv * dv
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    qkv, b, a = r(total, conv_dim).to(BF16), r(total, hv).to(BF16), r(total, hv).to(BF16)
+    conv_w = r(conv_dim, kern, scale=0.5).to(BF16)
+    a_log, dt_bias = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16)
+    conv_cache, rec = r(n_slots, conv_dim, kern - 1).to(BF16), r(n_slots, hv, dk, dv)
+    slots = torch.tensor([3, 0, 4][: len(lens)])
+    ref_out, ref_windows, ref_states = _reference(qkv, b, a, conv_w, a_log, dt_bias, lens, hk, dk, dv)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    dev = lambda t: t.to(DEV)  # noqa: E731
+    conv_k, rec_k, cu_k = dev(conv_cache), dev(rec), dev(cu)
+    mixed = gdn_prefill.conv_prefill(dev(qkv), cu_k, gdn_prefill.token_seq(cu_k, total), conv_k, dev(slots),
+                                     dev(conv_w))
+    out = gdn_prefill.delta_prefill(mixed, dev(b), dev(a), cu_k, rec_k, dev(slots), dev(a_log), dev(dt_bias),
+                                    num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, block_v=16)
+    assert out.shape == ref_out.shape
+    err = _ulps(out.cpu(), ref_out)
+    assert err.max() <= 4.0 and err.mean() < 0.05  # BF16 outputs after FP32 sums in another order
+    untouched = [i for i in range(n_slots) if i not in slots.tolist()]
+    for i, slot in enumerate(slots.tolist()):
+        assert torch.equal(conv_k.cpu()[slot], ref_windows[i])  # a copy of the last inputs, zeros before
+        torch.testing.assert_close(rec_k.cpu()[slot], ref_states[i], rtol=1e-3, atol=1e-4)
+    assert torch.equal(conv_k.cpu()[untouched], conv_cache[untouched])
+    assert torch.equal(rec_k.cpu()[untouched], rec[untouched])
+
+
+def test_delta_prefill_without_a_cache_and_refusals():
+    g = torch.Generator().manual_seed(1)
+    mixed = torch.randn(6, 2 * 16 + 2 * 32, generator=g).to(BF16)
+    ba = torch.randn(6, 2, generator=g).to(BF16)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    p = torch.zeros(2, dtype=BF16)
+    out = gdn_prefill.delta_prefill(mixed.to(DEV), ba.to(DEV), ba.to(DEV), cu.to(DEV), None, None, p.to(DEV),
+                                    p.to(DEV), num_k_heads=1, head_k_dim=16, head_v_dim=32)
+    assert out.shape == (6, 64) and torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match="powers of two"):
+        gdn_prefill.delta_prefill(mixed, ba, ba, cu, None, None, p, p, num_k_heads=1, head_k_dim=16, head_v_dim=24)
+    with pytest.raises(ValueError, match="conv_cache"):
+        gdn_prefill.conv_prefill(mixed, cu, gdn_prefill.token_seq(cu, 6), torch.zeros(1, 4, 96, dtype=BF16).transpose(1, 2),
+                                 torch.zeros(1, dtype=torch.long), torch.zeros(96, 4, dtype=BF16))
