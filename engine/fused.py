@@ -4,8 +4,9 @@ kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch op
 kernels/attention_prep.py (q/k norms, RoPE and the K/V write of an attention layer in one launch),
 kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
 kernels/decode_norm.py (residual add + RMSNorm, SiLU * up), and for prefill kernels/gdn_prefill.py
-(Gated DeltaNet's conv and delta rule of a whole batch of prompts in 2 launches per layer;
-REGATE_FUSED_PREFILL=0 leaves prefill on the torch path). On by default on CUDA since the sacred
+(Gated DeltaNet's conv, delta rule and gated RMSNorm of a whole batch of prompts in 3 launches per
+layer) with attention_prep for the attention layers' prompts; REGATE_FUSED_PREFILL=0 leaves prefill on
+the torch path. On by default on CUDA since the sacred
 cuda_engine suite passed with them in the GPU gate (docs/BENCHMARKS.md); REGATE_FUSED_DECODE=0 runs
 the torch path, which stays the reference twin (tests/test_fused_decode.py compares them) and the
 only path on the CPU backend.
@@ -28,8 +29,8 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention
 
     prefill = os.environ.get(PREFILL_ENV, "1") != "0"
-    return SimpleNamespace(conv_prefill=gdn_prefill.conv_prefill if prefill else None,
-                           delta_prefill=gdn_prefill.delta_prefill if prefill else None,
+    return SimpleNamespace(prefill=prefill, conv_prefill=gdn_prefill.conv_prefill,
+                           delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
                            attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,

@@ -12,9 +12,11 @@ which made a 128-token prefill of the 27b shape launch-bound: ~150 ms at batch 1
   written ONCE into the sequence's slot. The next token's inputs are loaded before this token's
   update, so their latency hides behind it.
 
+- `gated_rms_norm`: the gated RMSNorm of every (token, value head) of o, one launch (8 torch ops in
+  the reference engine.model.norm.gated_rms_norm, whose rounding steps it follows).
+
 The recurrent form is the chunked form's maths in another summation order, so outputs agree with the
-reference to FP32 reduction noise (then the BF16 rounding of o), not bit for bit; the gated RMSNorm
-stays the reference's torch op (over all tokens at once, so it is a few launches per layer).
+reference to FP32 reduction noise (then the BF16 rounding of o), not bit for bit.
 """
 from __future__ import annotations
 
@@ -108,6 +110,31 @@ def delta_prefill_kernel(mixed_ptr, b_ptr, a_ptr, cu_ptr, slots_ptr, rec_ptr, al
     if STORE_STATE:
         slot = tl.load(slots_ptr + n).to(tl.int64)
         tl.store(rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :], s)
+
+
+@triton.jit
+def gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, eps, s_x, s_z, s_out, DV: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * DV + tl.arange(0, DV)
+    dt = out_ptr.dtype.element_ty
+    o = tl.load(x_ptr + t * s_x + head).to(tl.float32)
+    h = o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    h = _round(tl.load(w_ptr + tl.arange(0, DV)).to(tl.float32) * _round(h, dt), dt)
+    z = tl.load(z_ptr + t * s_z + head).to(tl.float32)
+    tl.store(out_ptr + t * s_out + head, _round(h * z * tl.sigmoid(z), dt).to(dt))
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x, z [T, Hv*Dv] (row strides free); weight [Dv] -> the gated RMSNorm per head [T, Hv*Dv]."""
+    n, width = x.shape
+    dv = weight.shape[0]
+    if dv & (dv - 1) or width % dv or z.shape != x.shape or x.stride(1) != 1 or z.stride(1) != 1:
+        raise ValueError(f"gated_rms_norm: head dim {dv} must be a power of two dividing {width}, x {tuple(x.shape)} "
+                         f"and z {tuple(z.shape)} equal shapes with contiguous rows")
+    out = torch.empty(n, width, dtype=x.dtype, device=x.device)
+    gated_rms_norm_kernel[(n, width // dv)](x, z, weight, out, eps, x.stride(0), z.stride(0), out.stride(0), DV=dv,
+                                            num_warps=1)
+    return out
 
 
 def token_seq(cu_seqlens: torch.Tensor, n_tokens: int) -> torch.Tensor:

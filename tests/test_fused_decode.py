@@ -174,8 +174,9 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    kernels = SimpleNamespace(**{name: counted(name, fn) for name, fn in (
+    kernels = SimpleNamespace(prefill=True, **{name: counted(name, fn) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
+        ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
         ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
@@ -185,14 +186,16 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     gdn_layers = sum(1 for layer in eng.model.layers if hasattr(layer.mixer, "state_index"))
-    assert calls["conv_prefill"] == calls["delta_prefill"] == gdn_layers  # one prefill of the three prompts
+    # one prefill of the three prompts, its attention layers' norms, RoPE and K/V writes in attention_prep too
+    assert calls["conv_prefill"] == calls["delta_prefill"] == calls["gated_rms_norm"] == gdn_layers
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
         assert calls["delta_step"] == calls["conv_step"] > 0
-        assert calls["paged_decode_gated"] == calls["attention_prep"] > 0
+        assert calls["attention_prep"] == calls["paged_decode_gated"] + layers - gdn_layers > layers - gdn_layers
         assert calls["add_rms_norm"] >= 2 * layers and calls["silu_mul"] >= layers  # the eager prefill, at least
     else:
         assert calls["delta_step"] == calls["conv_step"] == steps * 3
-        assert calls["paged_decode_gated"] == calls["attention_prep"] == steps * 1
+        assert calls["paged_decode_gated"] == steps * (layers - gdn_layers)
+        assert calls["attention_prep"] == (steps + 1) * (layers - gdn_layers)
         assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
 
 

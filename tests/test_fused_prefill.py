@@ -89,3 +89,19 @@ def test_delta_prefill_without_a_cache_and_refusals():
     with pytest.raises(ValueError, match="conv_cache"):
         gdn_prefill.conv_prefill(mixed, cu, gdn_prefill.token_seq(cu, 6), torch.zeros(1, 4, 96, dtype=BF16).transpose(1, 2),
                                  torch.zeros(1, dtype=torch.long), torch.zeros(96, 4, dtype=BF16))
+
+
+def test_gated_rms_norm_matches_the_reference_on_strided_rows():
+    from engine.model.norm import gated_rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    t, hv, dv = 7, 3, 32
+    x = (torch.randn(t, hv * dv, generator=g) * 2).to(BF16)
+    zz = torch.randn(t, 2 * hv * dv, generator=g).to(BF16)
+    z = zz[:, hv * dv:]  # a view with a longer row stride, as the merged projection's output
+    w = (1 + torch.randn(dv, generator=g) * 0.1).to(BF16)
+    ref = gated_rms_norm(x.reshape(-1, dv), z.reshape(-1, dv), w, 1e-6).reshape(t, -1)
+    out = gdn_prefill.gated_rms_norm(x.to(DEV), z.to(DEV), w.to(DEV), 1e-6).cpu()
+    assert _ulps(out, ref).max() <= 1.0
+    with pytest.raises(ValueError, match="power of two"):
+        gdn_prefill.gated_rms_norm(x, z, torch.ones(24, dtype=BF16), 1e-6)

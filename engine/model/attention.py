@@ -55,7 +55,7 @@ class GatedAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.cache_index = cache_index  # which full-attention layer of the KV cache is ours
         self.scale = head_dim**-0.5
-        self.fused = fused  # engine.fused.fused_kernels(device): live-token decode attention, or None
+        self.fused = fused  # engine.fused.fused_kernels(device): norms/RoPE/K-V write, decode attention, or None
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim  # x: [T, hidden]
@@ -63,8 +63,8 @@ class GatedAttention:
             qg, k, v = self.qkv_proj(x)
         q, gate = qg.view(t, self.num_heads, 2 * hd).chunk(2, dim=-1)
         k, v = k.view(t, self.num_kv_heads, hd), v.view(t, self.num_kv_heads, hd)
-        if ctx.kind == "decode" and self.fused is not None:
-            return self._decode_fused(q, k, v, gate, ctx)
+        if self.fused is not None and (ctx.kind == "decode" or ctx.kind == "prefill" and self.fused.prefill):
+            return self._fused(q, k, v, gate, ctx)
         q, k = self.q_norm(q), self.k_norm(k)  # (each its own `norm` scope, so not under `attention`)
         with scope("attention"):
             q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
@@ -73,15 +73,20 @@ class GatedAttention:
         with scope("tower.qkvo"):
             return self.o_proj(out)
 
-    def _decode_fused(self, q, k, v, gate, ctx: Context) -> torch.Tensor:
-        """Two kernels: q/k norms, RoPE and the K/V write (booked as attention, norms included), then
-        attention over the live tokens with the output gate."""
+    def _fused(self, q, k, v, gate, ctx: Context) -> torch.Tensor:
+        """q/k norms, RoPE and the K/V write in one kernel (booked as attention, norms included), then
+        decode: attention over the live tokens with the output gate in a second; prefill: the paged
+        reference attention over the cache just written."""
         k_cache, v_cache = ctx.kv_cache.layer(self.cache_index)
         with scope("attention"):
             q = self.fused.attention_prep(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                           self.k_norm.eps, ctx.cos, ctx.sin, ctx.slot_mapping, k_cache, v_cache)
-            out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
-                                                self.scale)
+            if ctx.kind == "decode":
+                out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
+                                                    self.scale)
+            else:
+                t = q.shape[0]
+                out = self._paged_prefill(q, k_cache, v_cache, ctx).reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
         with scope("tower.qkvo"):
             return self.o_proj(out)
 

@@ -31,7 +31,7 @@ class GatedDeltaNet:
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
         self.key_dim = num_k_heads * head_k_dim
         self.eps, self.state_index = eps, state_index
-        self.fused = fused  # engine.fused.fused_kernels(device): the decode step in two kernels, or None
+        self.fused = fused  # engine.fused.fused_kernels(device): decode step and prefill kernels, or None
 
     def __call__(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         with scope("tower.in_proj"):
@@ -41,16 +41,18 @@ class GatedDeltaNet:
                 core = self._decode_fused(qkv, z, b, a, ctx)
             with scope("tower.out_proj"):
                 return self.out_proj(core)
-        if ctx.kind == "prefill" and self.fused is not None and self.fused.delta_prefill is not None:
+        t = x.shape[0]
+        if ctx.kind == "prefill" and self.fused is not None and self.fused.prefill:
             with scope("delta_rule"):
                 core = self._prefill_fused(qkv, b, a, ctx)
+            with scope("norm"):
+                core = self.fused.gated_rms_norm(core, z, self.norm_weight, self.eps)
         else:
             core = self._reference(qkv, b, a, ctx)
-        t = x.shape[0]
-        core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
-                              self.norm_weight, self.eps)
+            core = gated_rms_norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
+                                  self.norm_weight, self.eps).reshape(t, -1)
         with scope("tower.out_proj"):
-            return self.out_proj(core.reshape(t, -1))
+            return self.out_proj(core)
 
     def _reference(self, qkv, b, a, ctx: Context) -> torch.Tensor:
         with scope("delta_rule"):
