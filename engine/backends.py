@@ -28,6 +28,9 @@ class Fp4Gemm:
     # (engine/projections.py); and its GEMM, x bf16[M, K] -> bf16[M, sum N], CUDA-graph safe.
     merge: Callable | None = None  # (list[Nvfp4Weight]) -> operand | None
     matmul_merged: Callable | None = None  # (x, operand) -> y
+    # Optional: like matmul, but where it splits K it may return the unsummed partials (an object
+    # only kernels/decode_norm.add_rms_norm reads: kernels.tile_gemm.SplitSum).
+    matmul_split: Callable | None = None  # (x, w) -> y | SplitSum
 
 
 _registry: dict[str, Fp4Gemm] = {}
@@ -73,7 +76,7 @@ def _probe_cuda_kernel() -> None:
     ok, reason = mod.available()
     if ok:
         register_fp4_gemm("cuda", Fp4Gemm(prepare=mod.prepare, matmul=mod.matmul, merge=mod.merge,
-                                          matmul_merged=mod.matmul_merged))
+                                          matmul_merged=mod.matmul_merged, matmul_split=mod.matmul_split))
     else:
         _probed["cuda"] = reason
 

@@ -20,6 +20,9 @@ import torch
 
 ENV = "REGATE_FUSED_DECODE"
 PREFILL_ENV = "REGATE_FUSED_PREFILL"
+# The split-K sums of o_proj, out_proj and down_proj done by the residual add + RMSNorm kernel that
+# reads them (kernels/decode_norm.py), not by a reduce kernel of their own; =0 keeps the reduce.
+SPLIT_SUM_ENV = "REGATE_SPLIT_SUM_IN_NORM"
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
@@ -29,7 +32,8 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention
 
     prefill = os.environ.get(PREFILL_ENV, "1") != "0"
-    return SimpleNamespace(prefill=prefill, conv_prefill=gdn_prefill.conv_prefill,
+    split_sum_in_norm = os.environ.get(SPLIT_SUM_ENV, "1") != "0"
+    return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_prefill=gdn_prefill.conv_prefill,
                            delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
                            attention_prep=attention_prep.attention_prep,

@@ -41,12 +41,19 @@ class Nvfp4Linear:
     def __init__(self, weight: Nvfp4Weight, gemm: Fp4Gemm | None, role: str = "tower", w4a4: bool = False):
         self.name, self.weight, self.gemm, self.role = weight.name, weight, gemm, role
         self.w4a4 = w4a4
+        # Set by the model build where this projection's output goes straight into the fused
+        # residual add + RMSNorm (o_proj, out_proj, down_proj): a split-K GEMM then leaves its
+        # partials for that kernel to sum (Fp4Gemm.matmul_split), so a call may return a SplitSum.
+        self.sum_in_consumer = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         x2 = x.reshape(-1, w.in_features)  # [M, K]
         if self.w4a4:
             x2 = fake_quantize_activations(x2, w.input_scale)
+        if self.sum_in_consumer and self.gemm is not None and self.gemm.matmul_split is not None \
+                and x.dim() == 2 and x.dtype == torch.bfloat16:
+            return self.gemm.matmul_split(x2.contiguous(), w)
         if self.gemm is not None:
             y = self.gemm.matmul(x2.to(torch.bfloat16).contiguous(), w).to(x.dtype)
         elif w.dequant_b is not None:  # the head's one resident operand (keep_dequant_b)

@@ -1,7 +1,9 @@
 """Row kernels of the decode step (Triton), each one launch where the reference takes 5-10 torch ops:
 
 - `add_rms_norm`: the residual add and the next (1 + w) RMSNorm of Qwen3.5 (engine.model.norm.RMSNorm)
-  in one pass: h + d rounded to the activation dtype (the new residual), then normed in FP32.
+  in one pass: h + d rounded to the activation dtype (the new residual), then normed in FP32. d may
+  be a split-K GEMM's unsummed partials (kernels.tile_gemm.SplitSum): the kernel sums them first,
+  exactly as the GEMM's reduce kernel would have (bit for bit), one launch fewer.
 - `silu_mul`: the SwiGLU activation silu(gate) * up, rounded where the reference rounds (after SiLU).
 
 Sums inside FP32 are reordered against torch's reductions: FP32 noise, not bit identity.
@@ -17,8 +19,8 @@ from kernels.triton_round import round_to
 
 
 @triton.jit
-def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out,
-                        HAS_D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out, s_split, d_scale,
+                        HAS_D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -28,7 +30,14 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
     dt = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
     if HAS_D:
-        x = round_to(x + tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32), dt)
+        if SPLITS > 0:  # d_ptr: FP32 partials [SPLITS, M, s_d]; summed in split order, scaled, rounded once
+            acc = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0)
+            for k in tl.static_range(1, SPLITS):
+                acc += tl.load(d_ptr + k * s_split + r * s_d + c, mask=m, other=0.0)
+            d = round_to(acc * d_scale, tl.bfloat16)
+        else:
+            d = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32)
+        x = round_to(x + d, dt)
         tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
     y = y * (1.0 + tl.load(w_ptr + c, mask=m).to(tl.float32))
@@ -58,17 +67,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(1 + w) RMSNorm of each row of x [T, N]."""
     out = torch.empty_like(x)
     add_rms_norm_kernel[(x.shape[0],)](x, x, weight, x, out, x.shape[1], eps, x.stride(0), 0, 0, out.stride(0),
-                                       HAS_D=False, BLOCK=_block(x.shape[1]), num_warps=8,
+                                       0, 1.0, HAS_D=False, SPLITS=0, BLOCK=_block(x.shape[1]), num_warps=8,
                                        **pdl.launch_options(x.device))
     return out
 
 
-def add_rms_norm(h: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, eps: float):
-    """(h + d, RMSNorm(h + d)) for rows of [T, N]: the new residual and its normed copy."""
+def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float):
+    """(h + d, RMSNorm(h + d)) for rows of [T, N]: the new residual and its normed copy. d: a tensor
+    [T, N], or a kernels.tile_gemm.SplitSum of that shape (summed here; its partials are BF16-rounded
+    to a d equal to what the GEMM's reduce kernel writes)."""
     res, out = torch.empty_like(h), torch.empty_like(h)
-    add_rms_norm_kernel[(h.shape[0],)](h, d, weight, res, out, h.shape[1], eps, h.stride(0), d.stride(0),
-                                       res.stride(0), out.stride(0), HAS_D=True, BLOCK=_block(h.shape[1]),
-                                       num_warps=8, **pdl.launch_options(h.device))
+    if tuple(d.shape) != tuple(h.shape):
+        raise ValueError(f"add_rms_norm: d has shape {tuple(d.shape)}, h {tuple(h.shape)}")
+    if isinstance(d, torch.Tensor):
+        d_ptr, s_d, s_split, scale, splits = d, d.stride(0), 0, 1.0, 0  # SPLITS=0: d itself
+    else:  # a SplitSum: one specialization per split count (a model has a handful)
+        d_ptr, s_d, s_split, scale, splits = d.partial, d.partial.stride(1), d.partial.stride(0), d.scale, \
+            d.partial.shape[0]
+    add_rms_norm_kernel[(h.shape[0],)](h, d_ptr, weight, res, out, h.shape[1], eps, h.stride(0), s_d,
+                                       res.stride(0), out.stride(0), s_split, scale, HAS_D=True, SPLITS=splits,
+                                       BLOCK=_block(h.shape[1]), num_warps=8, **pdl.launch_options(h.device))
     return res, out
 
 

@@ -101,6 +101,16 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
     return y.reshape(*lead, w.out_features)
 
 
+def matmul_split(x: torch.Tensor, w: Nvfp4Weight):
+    """x bf16 [M, K] -> bf16 [M, N], or, where the tile GEMM splits K, its unsummed partials
+    (kernels.tile_gemm.SplitSum) for a consumer that sums them as it reads them (add_rms_norm)."""
+    from kernels import tile_gemm
+
+    if w.kernel_operand is None or x.dim() != 2:
+        return matmul(x, w)
+    return tile_gemm.tile_gemm(x, w.kernel_operand, w.global_scale, sms=sm_count(x.device), defer_sum=True)
+
+
 def merge(ws: list[Nvfp4Weight]):
     """Weights of one input (each prepared) as one operand for `matmul_merged`, or None when they
     cannot share one (kernels/merge.py says when)."""

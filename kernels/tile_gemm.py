@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +32,17 @@ SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
-SPLIT_MAX = 16
+SPLIT_MAX = 32
+# How far K is split: until the CTAs fill the SMs SPLIT_WAVES times over. SPLIT_EVEN=1: only split
+# counts that divide the K groups exactly (every split equal work); 0 (the default): ceil(groups /
+# wanted splits) groups per split, the last split shorter, so a K of 68 groups (down_proj) is not
+# stuck at 4 splits. On the H200 (kernels/tune/split_sweep.py, 27B decode shapes, weights past L2):
+# at M=16 a GDN layer's four GEMMs 112.6 -> 100.1 us (down_proj 33.7 -> 24.7 us); at M=1 the splits
+# are the same either way. More waves (4, 8, 16) gained nothing at M=1 and at most 1% at M=16:
+# a decode GEMM's time over its floor is its ramp and tail, not a lack of warps in flight.
+# docs/lab/2026-12-04-split-k.md.
+SPLIT_WAVES = int(os.environ.get("REGATE_SPLIT_WAVES", "2"))
+SPLIT_EVEN = os.environ.get("REGATE_SPLIT_EVEN", "0") == "1"
 # Split-K arrival counters per device (csrc/split_k.cuh): enough for 65536 CTA columns; a grid with
 # more falls back to the separate reduce kernel. The in-kernel sum is OFF unless
 # REGATE_SPLITK_IN_KERNEL=1: bit-identical, one launch fewer per split GEMM, but measured slower on the
@@ -50,11 +61,13 @@ _counters: dict[int, torch.Tensor] = {}
 
 
 def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
-    """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs twice over;
-    the splits divide the groups exactly, so every split has equal work."""
+    """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs SPLIT_WAVES
+    times over (see SPLIT_WAVES, SPLIT_EVEN); the launch has ceil(groups / this) splits."""
     ctas = -(-n_main // cfg.cta_rows) * -(-m // cfg.cta_m)
     groups = k // K_GROUP
-    want = min(SPLIT_MAX, -(-2 * sms // ctas), groups)
+    want = min(SPLIT_MAX, -(-SPLIT_WAVES * sms // ctas), groups)
+    if not SPLIT_EVEN:
+        return -(-groups // want)
     splits = max(d for d in range(1, want + 1) if groups % d == 0)
     return groups // splits
 
@@ -104,14 +117,37 @@ def split_counters(device: torch.device) -> torch.Tensor | None:
     return _counters[index]
 
 
+@dataclass(frozen=True)
+class SplitSum:
+    """A split-K GEMM's output left unsummed for its consumer to sum as it reads it (one launch and
+    one kernel boundary fewer than reduce_splits): y = bf16(sum over splits, in split order, of
+    partial[s, :, :n] times scale), exactly what reduce_splits_kernel writes."""
+
+    partial: torch.Tensor  # FP32 [splits, M, ldy]
+    n: int
+    scale: float  # the operand's global scale times OUT_SHIFT
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.partial.shape[1], self.n)
+
+    def materialize(self) -> torch.Tensor:
+        """The torch twin of the sum (FP32 adds in split order, one product, one rounding)."""
+        acc = self.partial[0, :, :self.n].clone()
+        for part in self.partial[1:]:
+            acc += part[:, :self.n]
+        return (acc * self.scale).to(torch.bfloat16)
+
+
 def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
-              row_scale: torch.Tensor | None = None) -> torch.Tensor:
+              row_scale: torch.Tensor | None = None, defer_sum: bool = False) -> torch.Tensor | SplitSum:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
     times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
-    such an operand has no tail rows."""
+    such an operand has no tail rows. `defer_sum`: where K is split (and the operand has one global
+    scale and no tail rows), return the unsummed partials as a SplitSum instead of y."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -120,19 +156,22 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     cfg = config or table.config_for(m, table.TILE)
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
-    splits = k // K_GROUP // gps
+    splits = -(-(k // K_GROUP) // gps)
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     if row_scale is not None and op.n > op.n_main:
         raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
-    counters = split_counters(x.device) if splits > 1 else None
+    defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
+    counters = split_counters(x.device) if splits > 1 and not defer else None
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
-                                   cfg.row_blocks, gps, row_scale, counters)
+                                   cfg.row_blocks, gps, row_scale, counters, defer)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS)
+                                  PREFETCH_GROUPS, defer)
+    if defer:
+        return SplitSum(partial, op.n, out_scale)
     if op.n > op.n_main:
         y[:, op.n_main:] = nvfp4_gemm(x, op.tail_packed, op.tail_scale, global_scale, name="tile tail")
     return y

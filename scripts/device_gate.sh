@@ -31,7 +31,8 @@
 #   ab       A/B of environment switches: $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
 #            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
-#            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved
+#            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved, $AB_LEGS times
+#            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
 #            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
@@ -205,18 +206,21 @@ print('27b-${L}L batch', p['batch'], 'merge,splitk-in-kernel=$V', round(r['ms_pe
 ckpt_27b() { PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$1))" | tail -1; }
 
 stage_ab() {
-  PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
-  local L=${AB_LAYERS:-64} B V ck tag
+  [ "${AB_TESTS:-}" = none ] || PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
+    ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
+  local L=${AB_LAYERS:-64} B V ck tag leg f
   ck=$(ckpt_27b "$L")
-  for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-REGATE_PDL=1 REGATE_PDL=0}; do
-    tag=$(echo "$V" | tr ',=' '_-')
+  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-REGATE_PDL=1 REGATE_PDL=0}; do
+    tag=$(echo "$V" | tr ',=' '_-'); f="/tmp/ab-bench-${L}L-b$B-$tag-leg$leg"
     env $(echo "$V" | tr ',' ' ') PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
-      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-$tag.json"
+      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>"$f.err" | tail -1 > "$f.json"
     $PY -c "
-import json; r = json.load(open('$OUT/bench-${L}L-b$B-$tag.json')); p = r['params']
-print('27b-${L}L batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill',
-      round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" || echo "bench b$B $V failed"
-  done; done
+import json; r = json.load(open('$f.json')); p = r['params']
+open('$OUT/ab-benches.jsonl', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')
+print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill',
+      round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" 2>/dev/null \
+      || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
+  done; done; done
 }
 
 stage_kernels() {

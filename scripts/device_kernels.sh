@@ -3,6 +3,7 @@
 #   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
 #   tile   build the CUDA tile GEMM extension, its tests, the marker
 #   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/table.py TILE
+#   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
 #   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/table.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
@@ -31,6 +32,10 @@ stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
 stage_tilesweep() {
   $PY -m kernels.tune.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
     --tile-kinds "${SWEEP_KINDS:-sync,wgmma}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
+}
+stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES x SPLIT_EVEN at the 27B decode shapes
+  $PY -m kernels.tune.split_sweep --ms "${SWEEP_MS:-1,16}" --waves "${SWEEP_WAVES:-2,4,8,16}" > "$OUT/splitsweep.txt"
+  head -n -1 "$OUT/splitsweep.txt"; tail -1 "$OUT/splitsweep.txt" > "$OUT/splitsweep.json"
 }
 stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {

@@ -77,6 +77,27 @@ def test_add_rms_norm_and_rms_norm_match_the_reference():
     assert _ulps(decode_norm.rms_norm(h.to(DEV), w.to(DEV), 1e-6).cpu(), RMSNorm(w, 1e-6)(h)).max() <= 1.0
 
 
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_add_rms_norm_sums_split_k_partials_as_the_reduce_kernel_does(splits):
+    from kernels.tile_gemm import SplitSum
+
+    g = torch.Generator().manual_seed(splits)
+    t, n, ldy, scale = 3, 300, 320, 2.0**19 * 3e-4  # ldy > n: the partials' rows are padded
+    h, w = (torch.randn(t, n, generator=g) * 3).to(BF16), (torch.randn(n, generator=g) * 0.1).to(BF16)
+    partial = torch.randn(splits, t, ldy, generator=g) * 40.0
+    d = SplitSum(partial.to(DEV), n, scale)
+    ref_d = partial[0, :, :n].clone()
+    for k in range(1, splits):  # reduce_splits_kernel: FP32 adds in split order, then one scaled rounding
+        ref_d += partial[k, :, :n]
+    ref_d = (ref_d * scale).to(BF16)
+    assert d.shape == (t, n) and torch.equal(d.materialize().cpu(), ref_d)
+    res, out = decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6)
+    res_ref, out_ref = decode_norm.add_rms_norm(h.to(DEV), ref_d.to(DEV), w.to(DEV), 1e-6)
+    assert torch.equal(res.cpu(), (h + ref_d)) and torch.equal(res, res_ref) and torch.equal(out, out_ref)
+    with pytest.raises(ValueError, match="d has shape"):
+        decode_norm.add_rms_norm(h[:2].to(DEV), d, w.to(DEV), 1e-6)
+
+
 def test_silu_mul_matches_the_reference():
     g = torch.Generator().manual_seed(8)
     gate, up = (torch.randn(4, 2500, generator=g) * 4).to(BF16), torch.randn(4, 2500, generator=g).to(BF16)
@@ -174,7 +195,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch):
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    kernels = SimpleNamespace(prefill=True, **{name: counted(name, fn) for name, fn in (
+    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, **{name: counted(name, fn) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),

@@ -121,3 +121,56 @@ def test_the_engine_with_merged_projections_agrees_with_it_unmerged(monkeypatch)
             assert min(ta[d][0][0] - ta[d][0][1], tb[d][0][0] - tb[d][0][1]) <= tol, (d, ta[d], tb[d])
     ref = out["0"][2]  # every logit of 37 positions over 248320 ids: up to a few BF16 steps at |logit| ~ 20
     assert (out["1"][2] - ref).abs().max() <= 2 * tol
+
+
+@pytest.mark.parametrize("n,k", [(5120, 17408), (1024, 6144)])
+def test_a_deferred_split_sum_is_the_reduce_kernels_sum(n, k):
+    """matmul_split leaves a split GEMM's partials to add_rms_norm: the same y, bit for bit, in the
+    torch twin (SplitSum.materialize) and inside the norm kernel, eager and in a CUDA graph."""
+    from kernels import decode_norm
+    from kernels.nvfp4_gemm import matmul_split
+    from kernels.tile_gemm import SplitSum
+
+    (w,) = _weights({"w": n}, k, _seed())
+    norm_w = (torch.randn(n, device="cuda") * 0.1).bfloat16()
+    for rows in (1, 8, 16, 64):
+        x = torch.randn(rows, k, device="cuda").bfloat16()
+        h = torch.randn(rows, n, device="cuda").bfloat16()
+        y, s = matmul(x, w), matmul_split(x, w)
+        assert isinstance(s, SplitSum) and s.partial.shape[0] > 1, rows  # these shapes split K
+        assert torch.equal(s.materialize(), y), rows
+        fused, summed = decode_norm.add_rms_norm(h, s, norm_w, 1e-6), decode_norm.add_rms_norm(h, y, norm_w, 1e-6)
+        assert all(torch.equal(a, b) for a, b in zip(fused, summed)), rows
+    x = torch.zeros(1, k, device="cuda").bfloat16()
+    h = torch.randn(1, n, device="cuda").bfloat16()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res, out = decode_norm.add_rms_norm(h, matmul_split(x, w), norm_w, 1e-6)
+    for _ in range(3):
+        x.copy_(torch.randn(1, k, device="cuda"))
+        graph.replay()
+        ref = decode_norm.add_rms_norm(h, matmul(x, w), norm_w, 1e-6)
+        assert torch.equal(res, ref[0]) and torch.equal(out, ref[1])
+
+
+def test_the_engine_sums_split_k_in_the_norm_bit_for_bit(monkeypatch):
+    """REGATE_SPLIT_SUM_IN_NORM on (default) or off: the same sums in the same order, so the same
+    tokens and the same logits, bit for bit (27b cut to 4 layers, CUDA graphs, a batch of three)."""
+    from engine.ckpt_cache import cached_checkpoint
+    from engine.engine import Engine
+    from engine.fused import SPLIT_SUM_ENV
+    from engine.linear import Nvfp4Linear
+    from engine.residency import iter_instances
+
+    ck = cached_checkpoint(naming="modelopt", head="nvfp4", seed=0, preset="27b", layers=4)
+    prompts = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
+    out = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(SPLIT_SUM_ENV, flag)
+        eng = Engine(ck, backend="cuda", max_num_seqs=4, max_model_len=128)
+        deferring = [lin.name for lin in iter_instances(eng.model, Nvfp4Linear) if lin.sum_in_consumer]
+        assert len(deferring) == (8 if flag == "1" else 0), deferring  # o_proj or out_proj, and down_proj, per layer
+        out[flag] = eng.generate(prompts, 12), eng.score(prompts[2]).float()
+        del eng
+    assert out["1"][0] == out["0"][0]
+    assert torch.equal(out["1"][1], out["0"][1])

@@ -84,11 +84,18 @@ def test_tile_config_validation_and_table():
         table.config_for(0, table.TILE)
 
 
-def test_split_k_only_when_the_ctas_cannot_fill_the_sms():
+def test_split_k_only_when_the_ctas_cannot_fill_the_sms(monkeypatch):
     cfg = table.TileConfig(1, 2, 4)
-    assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
-    gps = tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132)  # 40 CTAs: split K
-    assert 68 % gps == 0 and 68 // gps > 1 and 40 * (68 // gps) >= 132
+    for even in (True, False):
+        monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", even)
+        assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
+    monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", True)
+    gps = tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132)  # 40 CTAs: split K, 68 = 4 x 17 groups
+    assert (gps, 68 % gps) == (17, 0)
+    monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", False)  # ceil(264 / 40) = 7 splits wanted: 10 groups each
+    assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 10  # 7 splits, the last of 8 groups
+    monkeypatch.setattr(tile_gemm, "SPLIT_WAVES", 8)  # 27 wanted, at most SPLIT_MAX (32): 3 groups each
+    assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 3
 
 
 def test_table_from_sweep_takes_the_fastest_per_m():
@@ -162,7 +169,7 @@ def test_wgmma_config_validation_split_and_json_round_trip():
     cfg = table.WgmmaConfig(64, 2)
     assert tile_gemm.groups_per_split(64, 248320, 5120, cfg, 132) == 20  # 1940 CTAs: no split
     gps = tile_gemm.groups_per_split(64, 5120, 17408, cfg, 132)  # 40 CTAs: split K
-    assert 68 % gps == 0 and 40 * (68 // gps) >= 132
+    assert -(-68 // gps) * 40 >= 132 and -(-68 // gps) <= tile_gemm.SPLIT_MAX
     assert table.WgmmaConfig(64, 2, 2).cta_rows == 256
     for c in (cfg, table.WgmmaConfig(32, 1, 2), table.TileConfig(2, 4, 4, x_shared=True)):
         assert table.config_from_dict(dict(c.__dict__)) == c

@@ -30,10 +30,15 @@ class _Builder:
         self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or w4a4_enabled()
         self.fused = fused_kernels(self.device)
 
-    def linear(self, name: str):
+    def linear(self, name: str, into_norm: bool = False):
+        """`into_norm`: the output goes straight into the fused residual add + RMSNorm, which may
+        then sum a split-K GEMM's partials itself (engine/fused.py split_sum_in_norm)."""
         if name not in self.ckpt.linears:
             raise CheckpointError(f"checkpoint: missing Linear {name!r} (prefix {self.ckpt.prefix!r})")
-        return load_tower_linear(name, self.ckpt.linears[name], self.gemm, self.w4a4).to(self.device)
+        lin = load_tower_linear(name, self.ckpt.linears[name], self.gemm, self.w4a4).to(self.device)
+        if into_norm and getattr(self.fused, "split_sum_in_norm", False) and hasattr(lin, "sum_in_consumer"):
+            lin.sum_in_consumer = True
+        return lin
 
     def tensor(self, name: str, dtype=None) -> torch.Tensor:
         if name not in self.ckpt.tensors:
@@ -46,7 +51,7 @@ class _Builder:
     def attention(self, i: int, cache_index: int) -> GatedAttention:
         p, c = f"layers.{i}.self_attn", self.cfg
         return GatedAttention(self.linear(f"{p}.q_proj"), self.linear(f"{p}.k_proj"), self.linear(f"{p}.v_proj"),
-                              self.linear(f"{p}.o_proj"), self.norm(f"{p}.q_norm.weight"),
+                              self.linear(f"{p}.o_proj", into_norm=True), self.norm(f"{p}.q_norm.weight"),
                               self.norm(f"{p}.k_norm.weight"), c.num_attention_heads, c.num_key_value_heads,
                               c.head_dim, cache_index, fused=self.fused)
 
@@ -55,7 +60,7 @@ class _Builder:
         conv = self.tensor(f"{p}.conv1d.weight")
         return GatedDeltaNet(
             self.linear(f"{p}.in_proj_qkv"), self.linear(f"{p}.in_proj_z"), self.linear(f"{p}.in_proj_b"),
-            self.linear(f"{p}.in_proj_a"), self.linear(f"{p}.out_proj"), conv.reshape(conv.shape[0], -1),
+            self.linear(f"{p}.in_proj_a"), self.linear(f"{p}.out_proj", into_norm=True), conv.reshape(conv.shape[0], -1),
             self.tensor(f"{p}.A_log"), self.tensor(f"{p}.dt_bias"), self.tensor(f"{p}.norm.weight"),
             num_k_heads=c.linear_num_key_heads, num_v_heads=c.linear_num_value_heads,
             head_k_dim=c.linear_key_head_dim, head_v_dim=c.linear_value_head_dim, eps=c.rms_norm_eps,
@@ -64,7 +69,7 @@ class _Builder:
     def layer(self, i: int, kind: str, index: int) -> DecoderLayer:
         mixer = self.attention(i, index) if kind == FULL_ATTENTION else self.deltanet(i, index)
         p = f"layers.{i}.mlp"
-        mlp = Mlp(self.linear(f"{p}.gate_proj"), self.linear(f"{p}.up_proj"), self.linear(f"{p}.down_proj"),
+        mlp = Mlp(self.linear(f"{p}.gate_proj"), self.linear(f"{p}.up_proj"), self.linear(f"{p}.down_proj", into_norm=True),
                   fused=self.fused)
         return DecoderLayer(kind, mixer, mlp, self.norm(f"layers.{i}.input_layernorm.weight"),
                             self.norm(f"layers.{i}.post_attention_layernorm.weight"))

@@ -231,7 +231,7 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
   // end of the kernel before it.
   cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, q, m_blocks);
-  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
+  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
   return reduce_splits(q, splits, stream);
 }
 

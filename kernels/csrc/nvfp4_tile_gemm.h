@@ -21,6 +21,8 @@ struct TileGemmArgs {
   int counters_len;
   int prefetch_groups;     // K groups of its weights each warp prefetches into L2 before waiting on the
                            // kernel before it (programmatic dependent launch); 0: none
+  int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits, no counters): the
+                           // consumer sums them (kernels/decode_norm.py add_rms_norm); y is not written
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
@@ -31,7 +33,7 @@ cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int
                       int splits, cudaStream_t stream);
 
 // Sums the split-K partials into y (times the row's scale); both kernels end with it when splits > 1
-// and no counters were given (or the grid has more CTA columns than counters).
+// and no counters were given (or the grid has more CTA columns than counters), unless defer_sum.
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream);
 
 // The wgmma kernel: p.x must be x laid out by wgmma_x_tiles for the same block_m; block_m in

@@ -211,7 +211,7 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   TileGemmArgs q = p;
   if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
   err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WGS * 128), smem, stream, q, m_blocks);
-  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr) return err;
+  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
   return reduce_splits(q, splits, stream);
 }
 

@@ -16,7 +16,7 @@ void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "tile_gemm: ", wh
 TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                        const c10::optional<torch::Tensor>& partial, double out_scale, int64_t groups_per_split,
                        const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters,
-                       int64_t& splits) {
+                       bool defer_sum, int64_t& splits) {
   check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
         "x must be a CUDA bf16 [M, K] tensor with unit stride along K");
   const int64_t m = x.size(0), k = x.size(1);
@@ -50,6 +50,7 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
   }
   int* cnt = nullptr;
   int64_t cnt_len = 0;
+  check(!(defer_sum && counters.has_value()), "defer_sum leaves the partials to the consumer: pass no counters");
   if (counters.has_value() && splits > 1) {
     check(counters->is_cuda() && counters->scalar_type() == torch::kInt32 && counters->is_contiguous(),
           "counters must be a contiguous CUDA int32 tensor (zero between launches)");
@@ -61,7 +62,7 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
                       reinterpret_cast<const uint2*>(codes.data_ptr()),
                       reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                       part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
-                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX), 0};
+                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX), 0, defer_sum ? 1 : 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
@@ -70,9 +71,10 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
-                   const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups) {
+                   const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups, bool defer_sum) {
   int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, splits);
+  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
+                             splits);
   p.prefetch_groups = (int)std::max<int64_t>(prefetch_groups, 0);
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
                                     (int)splits, stream_of(x));
@@ -98,9 +100,11 @@ torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m) {
 void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                     const c10::optional<torch::Tensor>& partial, double out_scale, int64_t block_m,
                     int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split,
-                    const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters) {
+                    const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters,
+                    bool defer_sum) {
   int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, splits);
+  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
+                             splits);
   const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
   const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
