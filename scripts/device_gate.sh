@@ -32,7 +32,8 @@
 #            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
 #            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved, $AB_LEGS times
-#            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests
+#            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests;
+#            then scripts/ab_verdict.py judges each variant against the first with the grid's verdict statistics
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
 #            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
@@ -221,6 +222,7 @@ print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 
       round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" 2>/dev/null \
       || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
   done; done; done
+  [ -s "$OUT/ab-benches.jsonl" ] && $PY scripts/ab_verdict.py "$OUT/ab-benches.jsonl" | head -n -1  # the grid's statistics
 }
 
 stage_kernels() {
