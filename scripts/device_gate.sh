@@ -10,6 +10,8 @@
 #   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json` there; the JSON line,
 #            rc, wall seconds and sha; the record and HTML report under $OUT
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
+#   grid     `orchestrator grid $GRID_SPEC $GRID_ARGS` (default --until-binding) on the clone, no suites (default grids/lmhead-64.yaml:
+#            packed vs dequant head at batch 1 on the full 64-layer shape); the grid's JSON under $OUT
 #   serve    `orchestrator serve` on the clone's state: one POST /api/gate (grid cuda_smoke) and a schedule
 #            slot every minute for the same grid; waits until the firing and the run are recorded and
 #            prints them (the firing of an identical queued gate is answered with that gate's run).
@@ -76,6 +78,16 @@ stage_gate() {
   local run; run=$($PY -c "import json,sys; print(json.loads(open('$OUT/gate.json').read())['run_id'])" 2>/dev/null)
   [ -n "$run" ] && cp "$CLONE/.regate/reports/$run.html" "$OUT/gate_report.html" 2>/dev/null
   [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" --json > "$OUT/gate_record.json" 2>/dev/null
+  return $rc
+}
+
+stage_grid() {  # a throughput grid alone on the clone (no suites): $GRID_SPEC, default grids/lmhead-64.yaml
+  install_wheels && clone || return 1
+  local t0=$SECONDS rc
+  in_clone $PY -m orchestrator.cli grid "${GRID_SPEC:-grids/lmhead-64.yaml}" ${GRID_ARGS---until-binding} --out "$OUT/grid.json" \
+    > "$OUT/grid.stdout" 2> "$OUT/grid.stderr"; rc=$?
+  grep -v -e gcs_client -e 'Token authentication' "$OUT/grid.stderr" | tail -30; cat "$OUT/grid.stdout"
+  echo "grid rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
   return $rc
 }
 

@@ -154,24 +154,39 @@ def test_a_killed_grid_leaves_a_row_that_becomes_lost(head, tmp_path):
 def test_ctrl_c_stores_the_grid_error_at_once(head, tmp_path):
     repo, cfg = head
     sleeper = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    # SIGINT back to its default in the child: a test process started in the background of a
+    # non-interactive shell (`cmd &`, nohup) ignores SIGINT, and an ignored signal stays ignored
+    # across exec, so the grid would never see the Ctrl-C this test sends (seen: SigIgn 0x...1007).
     grid = subprocess.Popen([ORCH, "grid", "grids/fake.yaml", "--config", str(cfg), "--bench-cmd", sleeper],
                             cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
         while not _bench_started(grid.pid, children) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert children, "the grid's bench never started"
+        masks = _signal_masks(grid.pid)
         grid.send_signal(signal.SIGINT)
-        # communicate, not wait: it drains stderr meanwhile, so Ray's lines on a loaded box cannot fill
-        # the pipe and block the grid's exit (a 60 s timeout in a full CI run, passing alone)
-        _, err = grid.communicate(timeout=60)
+        try:
+            _, err = grid.communicate(timeout=60)  # drains stderr meanwhile: the pipe can never fill
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"the grid did not stop within 60 s of SIGINT; its signal masks then: {masks}; "
+                                 f"the test process's: {_signal_masks(os.getpid())}") from e
         assert grid.returncode == 2 and "interrupted (Ctrl-C)" in err
         (run,) = _reconciled(cfg)
         assert (run["kind"], run["state"]) == ("grid", "ERROR")  # said at once, not LOST after stale_s
     finally:
         _kill([*children, grid])
+
+
+def _signal_masks(pid: int) -> dict[str, str]:
+    """The kernel's view of a process's signal masks (hex): blocked, ignored, caught."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        return {}
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in status.read_text().splitlines())
+            if k in ("SigBlk", "SigIgn", "SigCgt")}
 
 
 def _kill(procs) -> None:

@@ -25,6 +25,9 @@ def test_shipped_grids_load():
     assert {a.backend for a in lmhead.arms} == {"cuda"}
     assert sorted(c.batch for c in lmhead.cells) == [1, 16]
     assert all(c.checkpoint.preset == "27b" and c.checkpoint.layers for c in lmhead.cells)
+    full = load_spec(GRIDS / "lmhead-64.yaml")  # issue 24's closing grid: batch 1 on all 64 layers
+    assert [a.lm_head for a in full.arms] == ["packed", "dequant"] and full.legs >= 3
+    assert [(c.batch, c.checkpoint.layers) for c in full.cells] == [(1, 64)]
     smoke = load_spec(GRIDS / "smoke.yaml")
     assert {a.backend for a in smoke.arms} == {"cpu"}
     assert all(c.checkpoint.preset == "tiny" for c in smoke.cells)
