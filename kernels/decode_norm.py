@@ -29,6 +29,7 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
     m = c < n
     dt = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=m).to(tl.float32)  # issued before the sums, not after their round trip
     if HAS_D:
         if SPLITS > 0:  # d_ptr: FP32 partials [SPLITS, M, s_d]; summed in split order, scaled, rounded once
             acc = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0)
@@ -40,7 +41,7 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
         x = round_to(x + d, dt)
         tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
-    y = y * (1.0 + tl.load(w_ptr + c, mask=m).to(tl.float32))
+    y = y * (1.0 + w)
     tl.store(out_ptr + r * s_out + c, round_to(y, dt).to(dt), mask=m)
 
 

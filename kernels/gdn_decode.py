@@ -16,6 +16,8 @@ inside FP32 are reordered, so results agree to FP32 reduction noise, not bit for
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -51,17 +53,21 @@ def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s
 
 @triton.jit
 def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_ptr, dtb_ptr, normw_ptr, out_ptr,
-                      key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
-                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PDL: tl.constexpr):
+                      o_ptr, cnt_ptr, key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
+                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NV: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     hv = tl.program_id(1)
+    BV: tl.constexpr = DV // NV  # this program's columns of the head's state: j*BV .. j*BV + BV
     kh = hv // REP
     dt = out_ptr.dtype.element_ty
     kk = tl.arange(0, DK)
-    vv = tl.arange(0, DV)
+    vv = tl.program_id(2) * BV + tl.arange(0, BV)
+    slot = tl.load(slots_ptr + b).to(tl.int64)  # first: the state's address depends on it
+    sp = rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(sp)
     row = mixed_ptr + b * s_mixed
     q = tl.load(row + kh * DK + kk).to(tl.float32)
     k = tl.load(row + key_dim + kh * DK + kk).to(tl.float32)
@@ -72,13 +78,32 @@ def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_p
     x = tl.load(a_ptr + b * s_a + hv).to(tl.float32) + tl.load(dtb_ptr + hv).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold
     decay = tl.exp(-tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    sp = rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :]
-    s = tl.load(sp) * decay
-    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s * decay
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta  # a column's update needs only that column
     s = s + k[:, None] * delta[None, :]
     tl.store(sp, s)
     o = _round(tl.sum(s * q[:, None], axis=0), dt)
+    if NV == 1:
+        _gated_norm_out(o, vv, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV, dt)
+    else:
+        # The gated RMSNorm needs the whole head's o: each program leaves its columns in o_ptr and
+        # takes a ticket; the head's last program (whatever the order) norms all DV columns and
+        # resets the counter for the next launch. The barrier orders every thread's o store before
+        # the release of the ticket; the last program's loads go to L2 (.cg), where they are.
+        head = b * tl.num_programs(1) + hv
+        tl.store(o_ptr + head * DV + vv, o)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + head, 1, sem="acq_rel", scope="gpu")
+        if ticket == NV - 1:
+            all_v = tl.arange(0, DV)
+            o_all = tl.load(o_ptr + head * DV + all_v, cache_modifier=".cg")
+            _gated_norm_out(o_all, all_v, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV, dt)
+            tl.atomic_xchg(cnt_ptr + head, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _gated_norm_out(o, vv, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV: tl.constexpr, dt: tl.constexpr):
+    """The gated RMSNorm of one head's core output o [DV] (columns vv), stored to out."""
     h = o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
     h = _round(tl.load(normw_ptr + vv).to(tl.float32) * _round(h, dt), dt)
     z = tl.load(z_ptr + b * s_z + hv * DV + vv).to(tl.float32)
@@ -97,14 +122,53 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
     return mixed
 
 
+# Programs per value head (NV: the head's DV columns split NV ways) so that a decode step has
+# about TARGET_PROGRAMS of them: at batch 1 the 27b shape has 48 heads for 132 SMs, one program each
+# streaming a 64 KiB state slot in and out. REGATE_DELTA_SPLIT=0: one program per head, always.
+TARGET_PROGRAMS = 256
+MIN_BV = 16
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def programs_per_head(bsz: int, hv: int, dv: int) -> int:
+    if os.environ.get("REGATE_DELTA_SPLIT", "1") == "0":
+        return 1
+    nv = 1
+    while bsz * hv * nv < TARGET_PROGRAMS and dv // (2 * nv) >= MIN_BV and dv % (2 * nv) == 0:
+        nv *= 2
+    return nv
+
+
+def _ticket_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters (one per sequence slot and head; each launch leaves them zero), made
+    once per device outside any CUDA-graph capture (the engine warms every decode bucket up
+    eagerly before it captures)."""
+    index = device.index if device.index is not None else 0
+    have = _counters.get((device.type == "cuda", index))
+    if have is None or have.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"delta_step: ticket counters for {n} heads first needed inside a CUDA-graph "
+                               "capture; run the step once eagerly first")
+        have = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _counters[(device.type == "cuda", index)] = have
+    return have
+
+
 def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *, num_k_heads: int,
                head_k_dim: int, head_v_dim: int, eps: float) -> torch.Tensor:
     """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
     in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype."""
     bsz, hv = b.shape
     out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
-    delta_step_kernel[(bsz, hv)](
-        mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, num_k_heads * head_k_dim, eps,
-        head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), rec_cache.stride(0), out.stride(0),
-        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, num_warps=8, **pdl.launch_options(mixed.device))
+    nv = programs_per_head(bsz, hv, head_v_dim)
+    if nv > 1:
+        o_buf = torch.empty(bsz * hv * head_v_dim, dtype=torch.float32, device=mixed.device)
+        counters = _ticket_counters(mixed.device, bsz * hv)
+    else:
+        o_buf = counters = out  # unused
+    delta_step_kernel[(bsz, hv, nv)](
+        mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, o_buf, counters,
+        num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
+        rec_cache.stride(0), out.stride(0), REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv,
+        num_warps=8 if nv == 1 else 4, **pdl.launch_options(mixed.device))
     return out

@@ -65,6 +65,71 @@ def test_gated_deltanet_decode_step_matches_the_reference(hk, hv, dk, dv):
     assert _ulps(out_k.cpu(), ref_out).max() <= 2.0  # BF16 output after FP32 sums in another order
 
 
+def _nan_filled(empty):
+    def alloc(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    return alloc
+
+
+@pytest.mark.parametrize("split", ["0", "1"])
+def test_delta_step_split_over_programs_matches_the_reference_step_after_step(monkeypatch, split):
+    """REGATE_DELTA_SPLIT=1: a head's DV columns over several programs (at batch 1, 4 of them here),
+    the last one to finish norming the head; two steps in a row (the ticket counters must be back at
+    zero for the second), against the reference recurrence."""
+    monkeypatch.setenv("REGATE_DELTA_SPLIT", split)
+    hk, hv, dk, dv, eps = 2, 6, 32, 64, 1e-6
+    assert gdn_decode.programs_per_head(1, hv, dv) == (4 if split == "1" else 1)
+    g = torch.Generator().manual_seed(11)
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    rec = r(3, hv, dk, dv, scale=0.1)
+    a_log, dt_bias, norm_w = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), (1 + r(dv, scale=0.1)).to(BF16)
+    slots = torch.tensor([2])
+    rec_k = rec.clone().to(DEV)
+    for _ in range(2):
+        mixed, z = r(1, 2 * hk * dk + hv * dv).to(BF16), r(1, hv * dv).to(BF16)
+        b, a = r(1, hv).to(BF16), r(1, hv).to(BF16)
+        q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+        gdecay = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+        out, state = recurrent_gated_delta_rule(q.reshape(1, 1, hk, dk), k.reshape(1, 1, hk, dk),
+                                                v.reshape(1, 1, hv, dv), gdecay[:, None], b.sigmoid()[:, None], rec[slots])
+        rec[slots] = state
+        ref_out = gated_rms_norm(out.reshape(-1, dv), z.reshape(-1, dv), norm_w, eps).reshape(1, -1)
+        with monkeypatch.context() as m:  # scratch allocated as NaN: a norm over unwritten columns shows
+            m.setattr(gdn_decode.torch, "empty", _nan_filled(torch.empty))
+            out_k = gdn_decode.delta_step(mixed.to(DEV), z.to(DEV), b.to(DEV), a.to(DEV), rec_k, slots.to(DEV),
+                                          a_log.to(DEV), dt_bias.to(DEV), norm_w.to(DEV), num_k_heads=hk,
+                                          head_k_dim=dk, head_v_dim=dv, eps=eps)
+        torch.testing.assert_close(rec_k.cpu(), rec, rtol=1e-4, atol=1e-5)
+        assert _ulps(out_k.cpu(), ref_out).max() <= 2.0
+    if split == "1":
+        assert int(gdn_decode._ticket_counters(DEV, hv).abs().sum()) == 0  # every head reset its counter
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the programs race only on a GPU")
+def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monkeypatch):
+    """The 27b head shapes at batch 1 (48 heads x 8 programs): 30 steps with the split and without,
+    on the same inputs; a ticket taken before another program's columns are visible would show as a
+    wrong norm in some step."""
+    hk, hv, dk, dv = 16, 48, 128, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    r = lambda *s, scale=1.0: torch.randn(*s, generator=g, device="cuda") * scale  # noqa: E731
+    rec = {"0": r(2, hv, dk, dv, scale=0.1)}
+    rec["1"] = rec["0"].clone()
+    a_log, dt_bias, norm_w = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), (1 + r(dv, scale=0.1)).to(BF16)
+    slots = torch.tensor([1], device="cuda")
+    for _ in range(30):
+        mixed, z = r(1, 2 * hk * dk + hv * dv).to(BF16), r(1, hv * dv).to(BF16)
+        b, a = r(1, hv).to(BF16), r(1, hv).to(BF16)
+        out = {}
+        for split in ("0", "1"):
+            monkeypatch.setenv("REGATE_DELTA_SPLIT", split)
+            out[split] = gdn_decode.delta_step(mixed, z, b, a, rec[split], slots, a_log, dt_bias, norm_w,
+                                               num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=1e-6)
+        torch.testing.assert_close(rec["1"], rec["0"], rtol=1e-5, atol=1e-6)
+        assert _ulps(out["1"], out["0"]).max() <= 2.0
+
+
 def test_add_rms_norm_and_rms_norm_match_the_reference():
     g = torch.Generator().manual_seed(7)
     h, d = (torch.randn(5, 300, generator=g) * 3).to(BF16), torch.randn(5, 300, generator=g).to(BF16)
