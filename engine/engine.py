@@ -9,6 +9,7 @@ The engine knows nothing about tokenization: prompts and outputs are token ids.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -22,11 +23,24 @@ from engine.kv_cache import KvCache, StateCache
 from engine.linear import HEAD_ARMS
 from engine.memory import memory_snapshot
 from engine.model.build import build_model, prepare_model
-from engine.model_runner import ModelRunner
+from engine.model_runner import DecodeStep, ModelRunner
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.scheduler import Scheduler
-from engine.paged.sequence import Sequence
+from engine.paged.sequence import PENDING, Sequence
 from engine.scopes import scope
+
+
+def decode_ahead() -> bool:
+    """Decode one step ahead of the reads (the default): the host schedules and launches step n + 1
+    before it waits for step n's tokens, so its own work overlaps the device's. REGATE_DECODE_AHEAD=0:
+    each step is read back before the next is scheduled."""
+    return os.environ.get("REGATE_DECODE_AHEAD", "1") != "0"
+
+
+class _Launched(NamedTuple):
+    seqs: list[Sequence]
+    at: list[int]  # where each sequence's token goes in its token_ids
+    step: DecodeStep
 
 
 class TopK(NamedTuple):
@@ -108,24 +122,51 @@ class Engine:
             scheduler.add(s)
         topk: dict[int, list[TopK]] = {s.seq_id: [] for s in seqs}
         timing = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0}
+        ahead = decode_ahead()
+        inflight: _Launched | None = None  # a decode step launched and not read back yet
+        t_decode = None  # start of the current run of decode steps (timed as one, they overlap the host)
         while not scheduler.is_finished():
             batch, is_prefill = scheduler.schedule()
-            t0 = self._now()
-            if is_prefill:
+            if is_prefill:  # a prefill reads every token: the step in flight is read first
+                self._read(inflight, topk)
+                inflight = None
+                if t_decode is not None:
+                    timing["decode_s"] += self._now() - t_decode
+                    t_decode = None
+                t0 = self._now()
                 tokens = self._greedy(batch, runner.prefill(batch), topk)
-            else:  # picked on the device, inside the decode step
-                tokens, vals, ids = runner.decode(batch)
-                for s, v, i in zip(batch, vals, ids):
-                    topk[s.seq_id].append(TopK(v, i))
-            phase = "prefill" if is_prefill else "decode"
-            timing[f"{phase}_s"] += self._now() - t0
-            timing[f"{phase}_steps"] += 1
-            timing["decode_tokens"] += 0 if is_prefill else len(batch)
-            scheduler.postprocess(batch, tokens)
+                timing["prefill_s"] += self._now() - t0
+                timing["prefill_steps"] += 1
+                scheduler.postprocess(batch, tokens)
+                continue
+            if t_decode is None:
+                t_decode = self._now()
+            launched = _Launched(batch, [len(s) for s in batch], runner.launch(batch))
+            timing["decode_steps"] += 1
+            timing["decode_tokens"] += len(batch)
+            scheduler.postprocess(batch, [PENDING] * len(batch))  # lengths and finishes need no values
+            self._read(inflight, topk)  # the previous step, while this one runs
+            inflight = launched
+            if not ahead:
+                self._read(launched, topk)
+                inflight = None
+        self._read(inflight, topk)
+        if t_decode is not None:
+            timing["decode_s"] += self._now() - t_decode
         self.last_topk = [topk[s.seq_id] for s in seqs]
         if stats is not None:
             stats.update(timing)
         return [s.completion for s in seqs]
+
+    @staticmethod
+    def _read(launched: "_Launched | None", topk: dict) -> None:
+        """Wait for a launched decode step and put its tokens in place of its PENDING ones."""
+        if launched is None:
+            return
+        tokens, vals, ids = launched.step.read()
+        for s, at, tok, v, i in zip(launched.seqs, launched.at, tokens, vals, ids, strict=True):
+            s.token_ids[at] = tok
+            topk[s.seq_id].append(TopK(v, i))
 
     def _greedy(self, batch: list[Sequence], logits: torch.Tensor, topk: dict) -> list[int]:
         with scope("sample"):

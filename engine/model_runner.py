@@ -7,10 +7,14 @@ and a batch is padded up to its bucket with rows that write only to the caches' 
 
 A decode step is everything between the host's inputs and the host's tokens, so the device does not
 wait on host work it could do itself: the greedy pick and the top-k are taken inside the step
-(inside the graph). The host sends one small [4, rows] copy per step (ids, positions, context
-lengths, state slots), the slot mapping, and a block table row only when that row's blocks changed;
-it reads back one [rows, 1 + 2k] result. At batch 16 that replaces a 16 x max_blocks Python list,
-six host-to-device copies, a copy of the logits and three device-to-host reads.
+(inside the graph). The host sends one small [6, n] copy per step (ids, where each row's id comes
+from, positions, context lengths, state slots, slot mapping) and a block table row only when that
+row's blocks changed; it reads back one [rows, 1 + 2k] result.
+
+`launch` returns before the step has run: every copy is asynchronous (pinned host memory, one
+stream), so the host may schedule and launch the next step while this one runs and read this one's
+tokens afterwards. A row whose last token is still PENDING takes its id on the device from the
+previous step's pick (`src` points into `prev_ids`); a row the host knows takes the host's id.
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ from engine.kv_cache import KvCache, StateCache
 from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
-from engine.paged.sequence import Sequence
+from engine.paged.sequence import PENDING, Sequence
 from engine.scopes import FORWARD, marker, scope
 
-INPUTS = ("ids", "positions", "context_lens", "state_slots")  # the per-step rows the host sends
+# The per-step rows the host sends. `ids` sits right after `prev_ids` (the last step's picks, by its
+# rows) in one flat buffer, so a row's id is one gather: feed[src], src = a previous row or n + row.
+INPUTS = ("ids", "src", "positions", "context_lens", "state_slots", "slot_mapping")
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -44,6 +50,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
+        self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
         if cuda_graphs:
             self.capture_decode_graphs()
 
@@ -56,6 +63,9 @@ class ModelRunner:
 
     def prefill(self, seqs: list[Sequence], all_logits: bool = False) -> torch.Tensor:
         """Every token of each sequence -> last-token logits [B, V] (or all logits [T, V])."""
+        for s in seqs:
+            if s.token_ids[-1] == PENDING:
+                raise RuntimeError(f"prefill: sequence {s.seq_id}'s last token is still PENDING; read its step first")
         ids = [t for s in seqs for t in s.token_ids]
         ctx = Context("prefill", self._long([p for s in seqs for p in range(len(s))]),
                       seq_lens=[len(s) for s in seqs], context_lens_host=[len(s) for s in seqs],
@@ -72,6 +82,11 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:
         """One token per sequence (its last) -> (greedy ids, top-k logits, top-k ids), one row each;
         the top-k sorted, ties to the lower id, as `torch.topk` of the step's FP32 logits."""
+        return self.launch(seqs).read()
+
+    def launch(self, seqs: list[Sequence]) -> "DecodeStep":
+        """Queue one decode step of `seqs` on the device and return at once; `.read()` waits for it.
+        A sequence whose last token is PENDING must have been a row of the previous launch."""
         b = len(seqs)
         bucket = next((n for n in self.graphs if n >= b), None)
         self._fill_static(seqs, bucket or b)
@@ -80,46 +95,61 @@ class ModelRunner:
         else:
             with marker(FORWARD):  # the graph's kernels: the forward and the pick, as in eager
                 self.graphs[bucket].replay()
-        out = self._static["sampled"][:b].cpu()  # one read; it waits for the step
-        k = self.top_k
-        return (out[:, 0].long().tolist(), out[:, 1:1 + k].tolist(), out[:, 1 + k:].long().tolist())
+        self._last_rows = {s.seq_id: r for r, s in enumerate(seqs)}
+        return DecodeStep(self._static["sampled"][:b], self.top_k)
 
     def _static_buffers(self) -> dict[str, torch.Tensor]:
         n, k = self.max_num_seqs, self.top_k
-        z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=self.device)  # noqa: E731
+        feed = torch.zeros((1 + len(INPUTS)) * n, dtype=torch.long, device=self.device)
         # sampled rows: [greedy id, k top logits, k top ids] in FP64, which holds every id and FP32 value exactly
-        return {"inputs": z(len(INPUTS), n), "slot_mapping": z(n), "block_tables": z(n, self.max_blocks),
+        return {"feed": feed, "prev_ids": feed[:n], "inputs": feed[n:].view(len(INPUTS), n),
+                "block_tables": torch.zeros(n, self.max_blocks, dtype=torch.long, device=self.device),
                 "sampled": torch.zeros(n, 1 + 2 * k, dtype=torch.float64, device=self.device)}
+
+    def _to_device(self, dst: torch.Tensor, values) -> None:
+        """An asynchronous host-to-device copy: from pinned memory, which the caching host allocator
+        keeps until the copy has run, so the host never waits for the step in flight."""
+        host = torch.tensor(values, dtype=torch.long)
+        if dst.is_cuda:
+            host = host.pin_memory()
+        dst.copy_(host, non_blocking=True)
 
     def _fill_static(self, seqs: list[Sequence], rows: int) -> None:
         """Copy the batch into the static buffers; rows past the batch are padding (sink block/slot)."""
-        pad_rows = rows - len(seqs)
-        st = self._static
-        host = torch.tensor([[s.token_ids[-1] for s in seqs] + [0] * pad_rows,
-                             [len(s) - 1 for s in seqs] + [0] * pad_rows,
-                             [len(s) for s in seqs] + [1] * pad_rows,
-                             [s.state_slot for s in seqs] + [self.state.pad_slot] * pad_rows], dtype=torch.long)
-        st["inputs"][:, :rows].copy_(host)
+        n = self.max_num_seqs
+        pad = n - len(seqs)
+        pend = [s.token_ids[-1] == PENDING for s in seqs]
         pad_slot = self.kv.pad_block * self.bm.block_size
-        st["slot_mapping"][:rows] = self._long([self.bm.slot(s, len(s) - 1) for s in seqs] + [pad_slot] * pad_rows)
-        for r, s in enumerate(seqs + [_PadSeq()] * pad_rows):  # a row's table changes only with its blocks
+        self._to_device(self._static["inputs"], [
+            [0 if p else s.token_ids[-1] for s, p in zip(seqs, pend)] + [0] * pad,
+            [self._last_rows[s.seq_id] if p else n + r for r, (s, p) in enumerate(zip(seqs, pend))]
+            + list(range(n + len(seqs), 2 * n)),
+            [len(s) - 1 for s in seqs] + [0] * pad,
+            [len(s) for s in seqs] + [1] * pad,
+            [s.state_slot for s in seqs] + [self.state.pad_slot] * pad,
+            [self.bm.slot(s, len(s) - 1) for s in seqs] + [pad_slot] * pad])
+        for r, s in enumerate(seqs + [_PadSeq()] * (rows - len(seqs))):  # a row's table changes only with its blocks
             key = tuple(s.block_table)  # a few ids (len / block_size): cheap beside the max_blocks-wide row
             if self._table_rows[r] != key:
-                st["block_tables"][r] = self._long(s.block_table + [self.kv.pad_block] * (self.max_blocks - len(s.block_table)))
+                self._to_device(self._static["block_tables"][r],
+                                s.block_table + [self.kv.pad_block] * (self.max_blocks - len(s.block_table)))
                 self._table_rows[r] = key
 
     def _decode_eager(self, rows: int) -> None:
         """The decode step on the static buffers: its inputs in, its sampled rows out."""
         st = self._static
-        ids, positions, context_lens, state_slots = st["inputs"][:, :rows]
-        ctx = Context("decode", positions, slot_mapping=st["slot_mapping"][:rows], block_tables=st["block_tables"][:rows],
+        _, src, positions, context_lens, state_slots, slot_mapping = st["inputs"][:, :rows]
+        ids = st["feed"][src]  # the host's id, or the previous step's pick for a row still PENDING
+        ctx = Context("decode", positions, slot_mapping=slot_mapping, block_tables=st["block_tables"][:rows],
                       context_lens=context_lens, state_slots=state_slots, kv_cache=self.kv, state_cache=self.state)
         with marker(FORWARD):
             logits = self.model.logits(self.model.hidden(ids, ctx))
         with scope("sample"):
             vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
+            greedy = logits.argmax(dim=-1)
+            st["prev_ids"][:rows] = greedy  # read by the next step's rows that are still PENDING
             out = st["sampled"][:rows]
-            out[:, 0] = logits.argmax(dim=-1)
+            out[:, 0] = greedy
             out[:, 1:1 + self.top_k] = vals
             out[:, 1 + self.top_k:] = top
 
@@ -146,3 +176,24 @@ class _PadSeq:
     """A padding row: no blocks of its own (its block table is all sink)."""
 
     block_table: list[int] = []
+
+
+class DecodeStep:
+    """A launched decode step's picks, copied to pinned host memory behind the step on its stream."""
+
+    def __init__(self, sampled: torch.Tensor, top_k: int):
+        self.top_k = top_k
+        if sampled.is_cuda:
+            self._host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            self._host.copy_(sampled, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host, self._done = sampled.clone(), None
+
+    def read(self) -> tuple[list[int], list[list[float]], list[list[int]]]:
+        """(greedy ids, top-k logits, top-k ids), one row per sequence; waits for the step."""
+        if self._done is not None:
+            self._done.synchronize()
+        out, k = self._host, self.top_k
+        return (out[:, 0].long().tolist(), out[:, 1:1 + k].tolist(), out[:, 1 + k:].long().tolist())

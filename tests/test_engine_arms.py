@@ -31,13 +31,13 @@ def test_paged_equals_contiguous_with_blocks_scattered():
     eng = Engine(tiny(), block_size=4, num_blocks=16, max_num_seqs=2, block_order=order)
     runner = eng.runner()
     tables = []
-    decode = runner.decode
+    launch = runner.launch
 
     def spy(seqs):
         tables.append([list(s.block_table) for s in seqs])
-        return decode(seqs)
+        return launch(seqs)
 
-    runner.decode = spy
+    runner.launch = spy
     n = 7
     out = eng.generate(PROMPTS, n)
     longest = max(tables[-1], key=len)

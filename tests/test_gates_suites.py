@@ -82,7 +82,7 @@ def test_every_pin_is_killed_on_this_engine():
 def test_cuda_pins_exist_for_the_cuda_engine_suite():
     pins = {p.name: p for p in load_pins(ROOT)}
     assert pins["packed-head-dequant-on-cuda"].suite == "cuda_engine"
-    assert pins["graph-replays-stale-slot-mapping"].suite == "cuda_engine"
+    assert pins["graph-replays-stale-block-tables"].suite == "cuda_engine"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from enum import Enum
 
+# A decoded token not read back yet: the engine decodes one step ahead of its reads (engine/engine.py),
+# so a sequence's last token may still be on the device when the next step is scheduled. Only its
+# value is unknown; the sequence's length, blocks and finish are decided by counts alone.
+PENDING = -1
+
 
 class Status(Enum):
     WAITING = "waiting"
