@@ -96,7 +96,7 @@ stage_pins() {  # after `gate`, which ran the suites unmutated on this tree: no 
   in_clone $PY - <<'PY'
 import json, sys
 from gates.manifest import load_manifest
-from gates.mutate import KILLED, run_pins
+from orchestrator.box.mutate import KILLED, run_pins
 from gates.pins import load_pins
 m = load_manifest(".")
 names = [p.name for p in load_pins(".") if "cuda" in m.suite(p.suite).needs]
