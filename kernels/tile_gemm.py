@@ -55,6 +55,13 @@ COUNTERS = 1 << 16
 # groups made a decode step slower, 6.79 -> 7.14 ms (docs/lab/2026-12-04-prefill.md); REGATE_GEMM_PREFETCH=N
 # turns it on for an A/B.
 PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "0"))
+# K groups (0-2) of its weights each warp of the mma.sync kernel loads into registers before it waits
+# on the kernel before it (csrc/nvfp4_tile_gemm.cu): the weight stream of a decode GEMM starts while
+# the small kernels before it run, instead of after them. Only inside a CUDA graph capture: a graph
+# is captured after the weights are loaded and no kernel in it writes them, while an eager call may
+# directly follow the load-time kernel that wrote them (a read before the wait could see old bytes).
+# REGATE_GEMM_EARLY_WEIGHTS=N sets N (0: off).
+EARLY_GROUPS = int(os.environ.get("REGATE_GEMM_EARLY_WEIGHTS", "1"))
 _counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
@@ -102,6 +109,12 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     weight that lane (g, t)'s A register h of step i carries (tile_layout.py's word contract)."""
     m, k = x.shape
     return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+
+
+def early_groups() -> int:
+    """The mma.sync kernel's early weight groups for this call: EARLY_GROUPS while a CUDA graph is
+    being captured on the current stream, else 0 (see EARLY_GROUPS)."""
+    return EARLY_GROUPS if EARLY_GROUPS > 0 and torch.cuda.is_current_stream_capturing() else 0
 
 
 def split_counters(device: torch.device) -> torch.Tensor | None:
@@ -169,7 +182,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer)
+                                  PREFETCH_GROUPS, defer, early_groups())
     if defer:
         return SplitSum(partial, op.n, out_scale)
     if op.n > op.n_main:

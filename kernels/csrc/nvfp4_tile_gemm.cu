@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
 
   // Ping-pong: group cg+1's weights (registers) and x (shared) are in flight while group cg computes.
   Group<R> buf0, buf1;
-  auto fetch = [&](Group<R>& gr, int cg, int slot) {
-    if (active) load_group<R>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);
+  auto fetch = [&](Group<R>& gr, int cg, int slot, bool weights) {
+    if (active && weights) load_group<R>(gr, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg, lane);
     if constexpr (XS) stage_x<MT>(xs[slot], x, p.ldx, m_rows, cg, WARPS * 32);
   };
   auto run = [&](const Group<R>& gr, int cg, int slot) {
@@ -154,21 +154,27 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     if (active) compute_group<MT, R, XS>(acc, gr, xr, xs[slot], cg, g, t);
     if constexpr (XS) __syncthreads();  // the slot is refilled next
   };
-  // Programmatic dependent launch: this CTA was launched while the kernel before it finished; it
-  // reads nothing into registers (not even the weights, which a load-time kernel may just have
-  // written) before that kernel has completed and its memory is visible. Its first weights are
-  // only prefetched into L2 (coherent) meanwhile.
-  if (active && p.prefetch_groups > 0 && cg0 < cg1)
+  // Programmatic dependent launch: this CTA was launched while the kernel before it finished, and
+  // it reads nothing that kernel may write (x) before that kernel has completed and its memory is
+  // visible. The weights are another matter only when the caller says no kernel writes them
+  // (p.early_groups: a decode step replayed from a CUDA graph; at load time a kernel may just have
+  // written them): then the first early_groups K groups load into registers before the wait, so
+  // the weight stream starts during the previous kernels' tail. Otherwise they may only be
+  // prefetched into L2 (coherent) meanwhile.
+  const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+  if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
+  if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
+  if (early == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
     prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
   grid_dependency_wait();
-  if (cg0 < cg1) fetch(buf0, cg0, 0);
+  if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
   if constexpr (XS) cp_async_commit();
   for (int cg = cg0; cg < cg1; cg += 2) {
-    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1);
+    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
     if constexpr (XS) cp_async_commit();
     run(buf0, cg, 0);
     if (cg + 1 >= cg1) break;
-    if (cg + 2 < cg1) fetch(buf0, cg + 2, 0);
+    if (cg + 2 < cg1) fetch(buf0, cg + 2, 0, true);
     if constexpr (XS) cp_async_commit();
     run(buf1, cg + 1, 1);
   }

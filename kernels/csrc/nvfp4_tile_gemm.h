@@ -21,6 +21,9 @@ struct TileGemmArgs {
   int counters_len;
   int prefetch_groups;     // K groups of its weights each warp prefetches into L2 before waiting on the
                            // kernel before it (programmatic dependent launch); 0: none
+  int early_groups;        // mma.sync kernel: K groups (0-2) of its weights each warp loads into registers
+                           // before waiting on the kernel before it; only where no kernel writes the
+                           // weights (a decode step's graph); 0: none
   int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits, no counters): the
                            // consumer sums them (kernels/decode_norm.py add_rms_norm); y is not written
 };
