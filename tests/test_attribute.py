@@ -232,3 +232,18 @@ def test_device_work_is_told_apart_from_annotations_with_and_without_activity_ty
     from engine.attribution.capture import is_device_work
 
     assert is_device_work(event) is work
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_graph_replays_are_matched_to_the_eager_step_and_the_parts_partition_them():
+    """The CUDA path end to end (tiny checkpoint, CUDA graphs, decoding ahead): every replayed kernel
+    finds its part in the eager step of its bucket, the id gather and the sampling included."""
+    eng = Engine(tiny(), backend="cuda", max_num_seqs=2, max_model_len=64)
+    prompts = synthetic_prompts(2, 5, eng.model.config.vocab_size, seed=0)
+    assert eng.runner().graphs
+    r = attribute_arm(eng, prompts, (3, 11), iters=1, warmup=1)
+    names = {p["name"] for p in r["parts"]}
+    assert {"sample", "idle"} <= names and r["decode"] == "cuda-graphs"
+    assert sum(p["ms_per_step"] for p in r["parts"]) == pytest.approx(r["profiled_ms_per_step"], rel=1e-6)
+    assert next(p for p in r["parts"] if p["name"] == "sample")["ms_per_step"] > 0

@@ -92,13 +92,17 @@ def _graph_trace(kernels_per_replay):
 
 
 def _eager_trace():
+    """An eager step: its inputs copied in before the run window, an id gather before the forward and
+    the sampling after it (both captured in the graph too)."""
     t = Trace()
-    t.ranges = [_rng(1, scopes.RUN, 0, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
-                _rng(4, "part:lm_head", 20, 30)]
-    t.launches = [_launch(31, 1, "cudaMemcpyAsync"), _launch(32, 7), _launch(33, 11), _launch(34, 21)]
+    t.ranges = [_rng(1, scopes.RUN, 3, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
+                _rng(4, "part:lm_head", 20, 30), _rng(5, "part:sample", 46, 49)]
+    t.launches = [_launch(31, 1, "cudaMemcpyAsync"), _launch(32, 7), _launch(33, 11), _launch(34, 21),
+                  _launch(35, 4), _launch(36, 47)]
     t.device = [{"name": "h2d", "start": 1, "end": 2, "corr": 31},  # the inputs' copy: not in the graph
                 {"name": "gemm", "start": 21, "end": 29, "corr": 34},  # listed out of order: launch order counts
-                {"name": "rms", "start": 7, "end": 9, "corr": 32}, {"name": "add", "start": 12, "end": 13, "corr": 33}]
+                {"name": "rms", "start": 7, "end": 9, "corr": 32}, {"name": "add", "start": 12, "end": 13, "corr": 33},
+                {"name": "gather", "start": 4, "end": 5, "corr": 35}, {"name": "topk", "start": 47, "end": 48, "corr": 36}]
     return t
 
 
@@ -112,19 +116,19 @@ def test_innermost_range_of_each_time_in_one_sweep():
 
 def test_graph_replays_take_the_parts_of_the_eager_step_in_launch_order():
     eager = eager_step_parts(_eager_trace())
-    assert eager == (["rms", "add", "gemm"], ["norm", "other", "lm_head"])
-    out = device_parts(_graph_trace(["rms", "add", "gemm"]), eager)
-    assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}
+    assert eager == (["gather", "rms", "add", "gemm", "topk"], ["other", "norm", "other", "lm_head", "sample"])
+    out = device_parts(_graph_trace(["gather", "rms", "add", "gemm", "topk"]), eager)
+    assert out == {"norm": 8, "other": 16, "lm_head": 8, "sample": 8, "idle": 100 - 40}
 
 
 def test_graph_replays_that_differ_from_the_eager_step_are_refused():
     eager = eager_step_parts(_eager_trace())
-    with pytest.raises(AttributionError, match="ran 2 device activities, the eager step of its bucket 3"):
-        device_parts(_graph_trace(["rms", "gemm"]), eager)
-    with pytest.raises(AttributionError, match="activity 1 of a CUDA graph replay is 'mul'"):
-        device_parts(_graph_trace(["rms", "mul", "gemm"]), eager)
+    with pytest.raises(AttributionError, match="ran 4 device activities, the eager step of its bucket 5"):
+        device_parts(_graph_trace(["gather", "rms", "add", "gemm"]), eager)  # the sampling left out
+    with pytest.raises(AttributionError, match="activity 2 of a CUDA graph replay is 'mul'"):
+        device_parts(_graph_trace(["gather", "rms", "mul", "gemm", "topk"]), eager)
     with pytest.raises(AttributionError, match="no eager step"):
-        device_parts(_graph_trace(["rms", "add", "gemm"]), None)
+        device_parts(_graph_trace(["gather", "rms", "add", "gemm", "topk"]), None)
     with pytest.raises(AttributionError, match="left no kernel in the trace.*--eager"):
         device_parts(_graph_trace([]), eager)
 

@@ -256,15 +256,14 @@ def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Sp
 
 
 def eager_step_parts(trace: Trace) -> tuple[list[str], list[str]]:
-    """(names, parts) of the device activities launched inside the one forward of `trace`, in
-    launch order: what a graph of that step replays."""
-    forwards = [r for r in trace.ranges if r["name"] == scopes.FORWARD]
-    if len(forwards) != 1:
-        raise AttributionError(f"eager step: expected one {scopes.FORWARD!r} range, found {len(forwards)}")
-    lo, hi = forwards[0]["start"], forwards[0]["end"]
+    """(names, parts) of the device activities launched inside the run window of `trace`, in launch
+    order: what a graph of that step replays. The trace must record exactly the captured function
+    (the model runner's eager decode: the id gather, the forward and the sampling): the step's
+    inputs are copied in before it, as a replay's are."""
+    lo, hi = window(trace)
     launches = {c["corr"]: c for c in trace.launches}
     launched_in = _launch_ranges(trace)
     inside = [a for a in trace.device if a["corr"] in launches and lo <= launches[a["corr"]]["start"] <= hi]
-    inside.sort(key=lambda a: launches[a["corr"]]["start"])  # the inputs' copies, launched before: not in it
+    inside.sort(key=lambda a: launches[a["corr"]]["start"])
     return [a["name"] for a in inside], [_range_part((launched_in[a["corr"]] or {}).get("name", "")) or OTHER
                                          for a in inside]

@@ -59,11 +59,11 @@ def _eager_step(eng, batch: int):
     if bucket is None:
         return None
 
-    def step():  # exactly what the capture recorded: the static buffers, padding rows to the sink
-        runner._fill_static([], bucket)
-        return runner._decode_eager(bucket)
+    # exactly what the capture recorded (ModelRunner.capture_decode_graphs): the step on the static
+    # buffers, padding rows to the sink; the inputs go in before it, outside the trace, as a replay's do
     with torch.inference_mode():
-        _, trace = capture.profiled(step, eng.device)
+        runner._fill_static([], bucket)
+        _, trace = capture.profiled(lambda: runner._decode_eager(bucket), eng.device)
     return capture.eager_step_parts(trace)
 
 
