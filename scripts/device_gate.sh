@@ -55,6 +55,9 @@ stage_bundle() {
   echo "bundle of $(cat .regate-bundle/sha) ($(du -h .regate-bundle/repo.bundle | cut -f1))"
 }
 
+# Only .whl/*.whl: field libraries (.whl/field/: fla-core, einops) stay out of the gate's site, because
+# transformers' Qwen3.5, the suites' oracle, picks fla's Triton kernels whenever fla imports, and those
+# fail on the CPU oracle's tensors (measured: the gate at e0321fd, paged_engine and dense_lmhead_fp4 RED).
 install_wheels() {
   [ -d /tmp/site ] || [ -n "${NO_WHEELS:-}" ] && return 0  # NO_WHEELS=1: PY already has Ray (a dry run here)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -5,7 +5,8 @@
 #   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/table.py TILE
 #   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
-#          and einops' wheels in .whl/ (bash ../shared/tools/device-wheels.sh fla-core einops; carry .whl)
+#          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
+#          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
 #   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/table.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
@@ -41,7 +42,7 @@ stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES x SPLIT_EVEN at
 }
 stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field libraries by measurement)
   [ -d /tmp/fla-site/fla ] || $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \
-    .whl/fla_core-*.whl .whl/einops-*.whl || return 1
+    .whl/field/fla_core-*.whl .whl/field/einops-*.whl || return 1
   PYTHONPATH=/tmp/fla-site:$PWD $PY -m kernels.tune.field_compare > "$OUT/fieldcompare.txt" || return 1
   head -n -1 "$OUT/fieldcompare.txt"; tail -1 "$OUT/fieldcompare.txt" > "$OUT/fieldcompare.json"
 }
