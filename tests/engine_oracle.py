@@ -29,7 +29,11 @@ def oracle_state_dict(ckpt) -> dict[str, torch.Tensor]:
 
 
 def oracle_model(model_dir):
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3_5TextConfig
+
+    from gates.suites.support import reference_modeling
+
+    Qwen3_5ForCausalLM = reference_modeling().Qwen3_5ForCausalLM  # its PyTorch paths, whatever is installed
 
     ckpt = load_checkpoint(model_dir)
     cfg = Qwen3_5TextConfig(**{k: v for k, v in ckpt.config.items() if k not in ("architectures", "torch_dtype")})

@@ -153,3 +153,47 @@ def test_a_module_without_nvfp4_tensors_is_named():
     raw = support.RawTensors(support.checkpoint("modelopt", "model."))
     with pytest.raises(KeyError, match="model.layers.0.nope: no NVFP4 tensors under either naming"):
         support.oracle_nvfp4(raw, "model.layers.0.nope")
+
+
+FAKE_FIELD = {  # stand-ins for fla-core and causal-conv1d that fail loudly if the oracle calls them
+    "fla/__init__.py": "def _no(*a, **k):\n    raise RuntimeError('FAKE FLA CALLED')\n"
+                       "chunk_gated_delta_rule = fused_recurrent_gated_delta_rule = _no\n",
+    "causal_conv1d/__init__.py": "def _no(*a, **k):\n    raise RuntimeError('FAKE CONV CALLED')\n"
+                                 "causal_conv1d_fn = causal_conv1d_update = _no\n",
+}
+ORACLE_RUN = """
+import sys
+from gates.suites.support import build_oracle, oracle_logits
+if sys.argv[1] == "imported-first":
+    import transformers.models.qwen3_5.modeling_qwen3_5  # resolves its kernels to the fakes
+print(repr(float(oracle_logits(build_oracle("modelopt", "model."), list(range(20, 37))).double().sum())))
+"""
+
+
+def _oracle_run(tmp_path, mode: str):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    for rel, text in FAKE_FIELD.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    return subprocess.run([sys.executable, "-c", ORACLE_RUN, mode], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=600)
+
+
+def test_the_oracle_runs_pytorch_even_where_field_kernels_import(tmp_path):
+    """With fla and causal_conv1d importable (fakes that raise), the oracle still runs transformers'
+    PyTorch paths and gives the logits it gives without them; a process that imported the modeling
+    module before the oracle, with them importable, is refused by name."""
+    from gates.suites.support import build_oracle, oracle_logits
+
+    alone = float(oracle_logits(build_oracle("modelopt", "model."), list(range(20, 37))).double().sum())
+    run = _oracle_run(tmp_path, "oracle-first")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout.strip().splitlines()[-1]) == alone
+    refused = _oracle_run(tmp_path, "imported-first")
+    assert refused.returncode != 0 and "could import" in refused.stderr and "'fla'" in refused.stderr, \
+        refused.stderr[-2000:]

@@ -75,7 +75,9 @@ def test_27b_preset_matches_published_dims():
 def _hf_model(ck):
     """transformers' Qwen3_5ForCausalLM holding the checkpoint's dequantized weights (strict load)."""
     cfg = transformers.Qwen3_5TextConfig(**ck.config)
-    model = transformers.Qwen3_5ForCausalLM(cfg).float().eval()
+    from gates.suites.support import reference_modeling
+
+    model = reference_modeling().Qwen3_5ForCausalLM(cfg).float().eval()
     sd = {("lm_head" if k == "lm_head" else f"model.{k}") + ".weight":
           w.dequantize(torch.float32) if isinstance(w, Nvfp4Weight) else w.float() for k, w in ck.linears.items()}
     sd |= {f"model.{k}": t.float() for k, t in ck.tensors.items()}

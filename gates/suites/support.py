@@ -149,10 +149,60 @@ def build_oracle(naming: str, prefix: str):
     return build_oracle_at(checkpoint(naming, prefix))
 
 
+# transformers' Qwen3.5 runs a field library's kernels for the gated delta rule and the causal conv1d
+# whenever that library imports (hub_kernels.use_kernel_func_from_hub_with_fallback, resolved once,
+# as the modeling module is imported). The oracle is the PyTorch reference, so the module is imported
+# with them hidden: their kernels are another implementation, and fla's Triton kernels fail on the
+# CPU oracle's tensors (measured: a gate on a box with fla-core installed, paged_engine RED).
+FIELD_KERNEL_PACKAGES = ("fla", "causal_conv1d")
+QWEN3_5_MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
+
+
+def _importable(package: str) -> bool:
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def reference_modeling() -> types.ModuleType:
+    """transformers' Qwen3.5 modeling module on its PyTorch paths; refuses one this process already
+    imported while a field kernel package was importable (its functions may have resolved to it)."""
+    import importlib
+    import sys
+
+    mod = sys.modules.get(QWEN3_5_MODELING)
+    if mod is not None:
+        found = [p for p in FIELD_KERNEL_PACKAGES if _importable(p)]
+        if found and not getattr(mod, "_regate_reference", False):
+            raise RuntimeError(f"oracle: {QWEN3_5_MODELING} was imported in this process while {found} could "
+                               "import, so its gated delta rule may run their kernels, not the PyTorch reference; "
+                               "build the oracle (gates.suites.support.reference_modeling) before anything imports it")
+        return mod
+    hidden = {p: sys.modules.get(p) for p in FIELD_KERNEL_PACKAGES}
+    try:
+        for p in FIELD_KERNEL_PACKAGES:
+            sys.modules[p] = None  # `import p` raises ImportError: transformers falls back to PyTorch
+        mod = importlib.import_module(QWEN3_5_MODELING)
+    finally:
+        for p, m in hidden.items():
+            if m is None:
+                sys.modules.pop(p, None)
+            else:
+                sys.modules[p] = m
+    mod._regate_reference = True
+    return mod
+
+
 def build_oracle_at(path, device: str = "cpu"):
-    """transformers' Qwen3_5ForCausalLM in FP32 on `device`, with `path`'s weights. On CUDA, TF32 is
-    off for matmuls and convolutions, so the oracle stays FP32 arithmetic."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    """transformers' Qwen3_5ForCausalLM in FP32 on `device`, with `path`'s weights, on its PyTorch
+    paths (reference_modeling). On CUDA, TF32 is off for matmuls and convolutions, so the oracle
+    stays FP32 arithmetic."""
+    from transformers import Qwen3_5TextConfig
+
+    Qwen3_5ForCausalLM = reference_modeling().Qwen3_5ForCausalLM
 
     if device != "cpu":
         torch.backends.cuda.matmul.allow_tf32 = False
