@@ -193,3 +193,20 @@ def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():
     assert torch.equal(again.words, op.words) and torch.equal(again.codes, op.codes)
     assert torch.equal(p2[op.n_main:], packed[op.n_main:]) and torch.equal(s2.view(torch.uint8)[op.n_main:], sb[op.n_main:])
     assert int((s2.view(torch.uint8)[:op.n_main] & 0x80).sum()) == 0  # signs live in the nibbles now
+
+
+@pytest.mark.parametrize("value,kind", [("mma", "TileConfig"), ("wgmma", "WgmmaConfig"), ("cublas", None)])
+def test_the_m16_row_follows_its_switch_and_refuses_a_stranger(value, kind):
+    import os
+    import subprocess
+    import sys
+
+    code = "from kernels import table; print(type(table.config_for(16, table.TILE)).__name__, " \
+           "type(table.config_for(8, table.TILE)).__name__, type(table.config_for(17, table.TILE)).__name__)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "REGATE_TILE_M16": value})
+    if kind is None:
+        assert run.returncode != 0 and "REGATE_TILE_M16: expected one of ['mma', 'wgmma'], found 'cublas'" in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [kind, "TileConfig", "WgmmaConfig"]
