@@ -23,6 +23,9 @@ PREFILL_ENV = "REGATE_FUSED_PREFILL"
 # The split-K sums of o_proj, out_proj and down_proj done by the residual add + RMSNorm kernel that
 # reads them (kernels/decode_norm.py), not by a reduce kernel of their own; =0 keeps the reduce.
 SPLIT_SUM_ENV = "REGATE_SPLIT_SUM_IN_NORM"
+# The decode conv step inside delta_step's launch (kernels/gdn_decode.conv_delta_step): one launch and
+# one kernel boundary fewer per Gated DeltaNet layer. Off until measured on the H200; =1 turns it on.
+CONV_IN_STEP_ENV = "REGATE_CONV_IN_STEP"
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
@@ -33,9 +36,12 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
 
     prefill = os.environ.get(PREFILL_ENV, "1") != "0"
     split_sum_in_norm = os.environ.get(SPLIT_SUM_ENV, "1") != "0"
-    return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_prefill=gdn_prefill.conv_prefill,
+    conv_in_step = os.environ.get(CONV_IN_STEP_ENV, "0") == "1"
+    return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_in_step=conv_in_step,
+                           conv_prefill=gdn_prefill.conv_prefill,
                            delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
+                           conv_delta_step=gdn_decode.conv_delta_step,
                            attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,
                            rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,
