@@ -137,6 +137,9 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     assert total == pytest.approx(r["profiled_ms_per_step"], rel=1e-9) == r["sum_of_parts_ms_per_step"]
     assert r["closure"] == pytest.approx(total / r["total_ms_per_step"], rel=1e-12)
     assert r["profiler_overhead"] == pytest.approx(r["profiled_ms_per_step"] / r["total_ms_per_step"] - 1)
+    assert r["records_per_step"] > 0  # the part ranges a step opens, on the CPU
+    assert r["overhead_us_per_record"] == pytest.approx(
+        (r["profiled_ms_per_step"] - r["total_ms_per_step"]) * 1e3 / r["records_per_step"])
     weights = bytes_per_part(eng.residency())
     assert set(weights) == {"lm_head", *scopes.TOWER_FAMILIES}
     assert sum(weights.values()) == eng.residency()["totals"]["bytes_per_decode_step"] == r["weight_bytes_per_step"]
@@ -247,3 +250,4 @@ def test_on_cuda_graph_replays_are_matched_to_the_eager_step_and_the_parts_parti
     assert {"sample", "idle"} <= names and r["decode"] == "cuda-graphs"
     assert sum(p["ms_per_step"] for p in r["parts"]) == pytest.approx(r["profiled_ms_per_step"], rel=1e-6)
     assert next(p for p in r["parts"] if p["name"] == "sample")["ms_per_step"] > 0
+    assert r["records_per_step"] > 10  # kernels and copies a step replays

@@ -13,7 +13,9 @@ profiler (its wall time: the step as the engine really runs it) and once under i
   closure_iters: each iteration's profiled step over its own timed step (how noisy the box is).
 - Runs alternate length order and timed/profiled order across iterations, each after a collection,
   so neither mode nor length sits in a favoured position.
-- profiler_overhead = profiled step / total - 1.
+- profiler_overhead = profiled step / total - 1; records_per_step: what the profiler timed one by one
+  per step (CUDA: kernels and copies; CPU: part ranges), and overhead_us_per_record the overhead
+  over them: a constant per record across depths says the profiler, not the engine, makes it.
 - spread_ms of a part: max - min of that part over the iterations (each iteration differenced on
   its own): the noise band `--compare` judges arm differences against.
 """
@@ -49,7 +51,8 @@ def _profile(eng, prompts, n: int, eager_step) -> dict:
     _, trace = capture.profiled(lambda: eng.generate(prompts, n), eng.device)
     lo, hi = capture.window(trace)
     parts = capture.host_parts(trace) if eng.device.type == "cpu" else capture.device_parts(trace, eager_step)
-    return {"window_us": hi - lo, "parts_us": parts}
+    recorded = trace.ranges if eng.device.type == "cpu" else trace.device  # what the profiler timed one by one
+    return {"window_us": hi - lo, "parts_us": parts, "records": sum(1 for r in recorded if lo <= r["start"] < hi)}
 
 
 def _eager_step(eng, batch: int):
@@ -131,6 +134,9 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
     weights = bytes_per_part(eng.residency())
     weight_bytes = sum(weights.values())
     closure, overhead = _ratio(sum(parts.values()), total), _ratio(profiled_step, total)
+    # What the profiler costs per thing it records (CUDA: kernels and copies; CPU: part ranges): if
+    # the same figure comes back at 8 and 64 layers, the overhead is per record, not the engine's.
+    records = (best[long]["records"] - best[short]["records"]) / steps
     return {
         "schema_version": SCHEMA_VERSION, "arm": eng.lm_head_arm, "backend": eng.backend,
         "decode": _decode_mode(eng), "time_source": _time_source(eng),
@@ -139,6 +145,8 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
         "parts": _rows(parts, per_iter, total, weights), "total_ms_per_step": total,
         "sum_of_parts_ms_per_step": sum(parts.values()), "closure": closure, "closure_iters": paired,
         "profiled_ms_per_step": profiled_step, "profiler_overhead": None if overhead is None else overhead - 1,
+        "records_per_step": records,
+        "overhead_us_per_record": _ratio((profiled_step - total) * 1e3, records),
         "weight_bytes_per_step": weight_bytes, "achieved_gb_s": _ratio(weight_bytes / 1e9, total / 1e3),
         "walls_ms": {str(n): [w * 1e3 for w in walls[n]] for n in lengths},
         "profiled_ms": {str(n): [p["window_us"] / 1e3 for p in profs[n]] for n in lengths},

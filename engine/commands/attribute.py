@@ -128,7 +128,8 @@ def print_arm(r: dict, out) -> None:
     if own:
         print(f"  closure of each iteration on its own: {min(own):.2%} .. {max(own):.2%} (the box's noise)", file=out)
     print(f"  profiler overhead {_num(r['profiler_overhead'], '+.2%')} (profiled step "
-          f"{r['profiled_ms_per_step']:.4f} ms)", file=out)
+          f"{r['profiled_ms_per_step']:.4f} ms; {_num(r.get('records_per_step'), '.1f')} records a step, "
+          f"{_num(r.get('overhead_us_per_record'), '+.3f')} us each)", file=out)
     print(f"  weights {_mib(r['weight_bytes_per_step'])} MiB/step -> {_num(r['achieved_gb_s'], '.2f')} GB/s achieved; "
           f"box read {_num(r.get('box_read_gb_s'), '.2f')} GB/s -> {_num(r.get('bandwidth_share'), '.1%')} of it",
           file=out)
