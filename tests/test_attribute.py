@@ -140,6 +140,9 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     assert r["records_per_step"] > 0  # the part ranges a step opens, on the CPU
     assert r["overhead_us_per_record"] == pytest.approx(
         (r["profiled_ms_per_step"] - r["total_ms_per_step"]) * 1e3 / r["records_per_step"])
+    cost = r["recorder_cost_us_per_record"]
+    assert r["closure_calibrated"] == pytest.approx(
+        (total - r["records_per_step"] * cost / 1e3) / r["total_ms_per_step"], rel=1e-9)
     weights = bytes_per_part(eng.residency())
     assert set(weights) == {"lm_head", *scopes.TOWER_FAMILIES}
     assert sum(weights.values()) == eng.residency()["totals"]["bytes_per_decode_step"] == r["weight_bytes_per_step"]
@@ -251,3 +254,16 @@ def test_on_cuda_graph_replays_are_matched_to_the_eager_step_and_the_parts_parti
     assert sum(p["ms_per_step"] for p in r["parts"]) == pytest.approx(r["profiled_ms_per_step"], rel=1e-6)
     assert next(p for p in r["parts"] if p["name"] == "sample")["ms_per_step"] > 0
     assert r["records_per_step"] > 10  # kernels and copies a step replays
+    assert r["closure_calibrated"] is not None and r["recorder_cost_us_per_record"] == r["recorder_cost_us_per_record"]
+
+
+def test_the_recorder_cost_is_measured_on_empty_records_and_bad_sizes_are_refused():
+    """The calibration times N empty part ranges with the clock recorder on and off (the CPU's), and
+    leaves the scopes as it found them; its value is a measurement, so only its form is asserted."""
+    from engine.attribution import calibrate
+
+    cost = calibrate.cost_us_per_record(torch.device("cpu"), records=200, reps=2)
+    assert isinstance(cost, float) and cost == cost and abs(cost) < 1e4  # finite, a per-record figure
+    assert not scopes.enabled()
+    with pytest.raises(ValueError, match="records and reps must be >= 1, found 0 and 2"):
+        calibrate.cost_us_per_record(torch.device("cpu"), records=0, reps=2)

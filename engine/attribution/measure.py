@@ -16,6 +16,8 @@ profiler (its wall time: the step as the engine really runs it) and once under i
 - profiler_overhead = profiled step / total - 1; records_per_step: what the profiler timed one by one
   per step (CUDA: kernels and copies; CPU: part ranges), and overhead_us_per_record the overhead
   over them: a constant per record across depths says the profiler, not the engine, makes it.
+- closure_calibrated = (sum of parts - records x recorder_cost_us_per_record) / total_ms_per_step,
+  the recorder's cost per record measured on a workload of empty records (engine.attribution.calibrate).
 - spread_ms of a part: max - min of that part over the iterations (each iteration differenced on
   its own): the noise band `--compare` judges arm differences against.
 """
@@ -27,7 +29,7 @@ import time
 
 import torch
 
-from engine.attribution import capture
+from engine.attribution import calibrate, capture
 from engine.attribution.traffic import bytes_per_part
 from engine.scopes import PARTS
 
@@ -137,6 +139,8 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
     # What the profiler costs per thing it records (CUDA: kernels and copies; CPU: part ranges): if
     # the same figure comes back at 8 and 64 layers, the overhead is per record, not the engine's.
     records = (best[long]["records"] - best[short]["records"]) / steps
+    cost = calibrate.cost_us_per_record(eng.device)  # the recorder's cost per record, on empty records
+    calibrated = _ratio(sum(parts.values()) - records * cost / 1e3, total)
     return {
         "schema_version": SCHEMA_VERSION, "arm": eng.lm_head_arm, "backend": eng.backend,
         "decode": _decode_mode(eng), "time_source": _time_source(eng),
@@ -147,6 +151,7 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
         "profiled_ms_per_step": profiled_step, "profiler_overhead": None if overhead is None else overhead - 1,
         "records_per_step": records,
         "overhead_us_per_record": _ratio((profiled_step - total) * 1e3, records),
+        "recorder_cost_us_per_record": cost, "closure_calibrated": calibrated,
         "weight_bytes_per_step": weight_bytes, "achieved_gb_s": _ratio(weight_bytes / 1e9, total / 1e3),
         "walls_ms": {str(n): [w * 1e3 for w in walls[n]] for n in lengths},
         "profiled_ms": {str(n): [p["window_us"] / 1e3 for p in profs[n]] for n in lengths},
