@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,7 +28,7 @@ from engine.model_runner import DecodeStep, ModelRunner
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.scheduler import Scheduler
 from engine.paged.sequence import PENDING, Sequence
-from engine.scopes import scope
+from engine.scopes import DECODE, marker, scope
 
 
 def decode_ahead() -> bool:
@@ -125,6 +126,7 @@ class Engine:
         ahead = decode_ahead()
         inflight: _Launched | None = None  # a decode step launched and not read back yet
         t_decode = None  # start of the current run of decode steps (timed as one, they overlap the host)
+        decode_run = ExitStack()  # its scopes.DECODE range, recorded only while attribution is on
         while not scheduler.is_finished():
             batch, is_prefill = scheduler.schedule()
             if is_prefill:  # a prefill reads every token: the step in flight is read first
@@ -133,6 +135,7 @@ class Engine:
                 if t_decode is not None:
                     timing["decode_s"] += self._now() - t_decode
                     t_decode = None
+                    decode_run.close()
                 t0 = self._now()
                 tokens = self._greedy(batch, runner.prefill(batch), topk)
                 timing["prefill_s"] += self._now() - t0
@@ -141,6 +144,7 @@ class Engine:
                 continue
             if t_decode is None:
                 t_decode = self._now()
+                decode_run.enter_context(marker(DECODE))
             launched = _Launched(batch, [len(s) for s in batch], runner.launch(batch))
             timing["decode_steps"] += 1
             timing["decode_tokens"] += len(batch)
@@ -153,6 +157,7 @@ class Engine:
         self._read(inflight, topk)
         if t_decode is not None:
             timing["decode_s"] += self._now() - t_decode
+            decode_run.close()
         self.last_topk = [topk[s.seq_id] for s in seqs]
         if stats is not None:
             stats.update(timing)

@@ -35,7 +35,11 @@ import torch
 
 PREFIX = "part:"
 FORWARD = "regate:forward"  # the model's forward step (not a part: its own time is `other`)
-RUN = "regate:run"  # one whole generate() under attribution: the measured window
+RUN = "regate:run"  # one whole generate() under attribution
+# One run of decode steps inside generate(), from the first step's launch (the prefill read back,
+# the device idle) to the last step read back: the window the attribution measures, so the host-bound
+# prefill's jitter (tens of ms between runs at 64 layers) stays out of the two-length difference.
+DECODE = "regate:decode"
 TOWER_FAMILIES = ("tower.qkvo", "tower.gate_up", "tower.down", "tower.in_proj", "tower.out_proj")
 PARTS = ("lm_head", *TOWER_FAMILIES, "delta_rule", "attention", "norm", "embed", "sample")
 MODES = ("kineto", "clock")

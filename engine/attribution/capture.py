@@ -49,7 +49,7 @@ def is_device_work(e) -> bool:
         return False
     name = e.name()
     return not name.startswith(SYNC_NAMES) and scopes.part_of_range(name) is None \
-        and name not in (scopes.FORWARD, scopes.RUN)
+        and name not in (scopes.FORWARD, scopes.RUN, scopes.DECODE)
 
 
 class AttributionError(RuntimeError):
@@ -128,7 +128,7 @@ def ranges_of_log(log: list[tuple[str | None, int]]) -> list[dict]:
 
 
 def _ours(name: str) -> bool:
-    return scopes.part_of_range(name) is not None or name in (scopes.FORWARD, scopes.RUN)
+    return scopes.part_of_range(name) is not None or name in (scopes.FORWARD, scopes.RUN, scopes.DECODE)
 
 
 def _trace(events) -> Trace:
@@ -183,9 +183,23 @@ def _launch_ranges(trace: Trace) -> dict[int, dict | None]:
 
 
 def window(trace: Trace) -> tuple[float, float]:
+    """The whole profiled call: the RUN range."""
     runs = [r for r in trace.ranges if r["name"] == scopes.RUN]
     if len(runs) != 1:
         raise AttributionError(f"trace: expected one {scopes.RUN!r} range, found {len(runs)}")
+    return runs[0]["start"], runs[0]["end"]
+
+
+def decode_window(trace: Trace) -> tuple[float, float]:
+    """The one run of decode steps inside the RUN range (generate()'s DECODE range): it opens once the
+    prefill is read back, so no prefill work or host jitter lies inside it, and closes once the last
+    step is read back. A generate() whose decode a prefill interrupted has several: refused."""
+    lo, hi = window(trace)
+    runs = [r for r in trace.ranges if r["name"] == scopes.DECODE and lo <= r["start"] and r["end"] <= hi]
+    if len(runs) != 1:
+        raise AttributionError(f"trace: expected one {scopes.DECODE!r} range (one run of decode steps) inside the "
+                               f"run, found {len(runs)}: every prompt must be prefilled at once (a batch the "
+                               f"engine admits together) and at least one decode step run")
     return runs[0]["start"], runs[0]["end"]
 
 
@@ -193,21 +207,23 @@ def _range_part(name: str) -> str | None:
     return scopes.part_of_range(name) or (OTHER if name == scopes.FORWARD else None)
 
 
-def host_parts(trace: Trace) -> dict[str, float]:
-    """cpu: microseconds per part (+ `host`) of the window, from the ranges of the thread that ran it."""
-    lo, hi = window(trace)
+def host_parts(trace: Trace, span: tuple[float, float] | None = None) -> dict[str, float]:
+    """cpu: microseconds per part (+ `host`) of `span` (default the RUN window), from the ranges of
+    the thread that ran it."""
+    lo, hi = span or window(trace)
     thread = next(r["thread"] for r in trace.ranges if r["name"] == scopes.RUN)
     spans = [Span(part, r["start"], r["end"]) for r in trace.ranges
              if r["thread"] == thread and (part := _range_part(r["name"])) is not None]
     return host_split(spans, (lo, hi), GAP["cpu"])
 
 
-def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = None) -> dict[str, float]:
-    """cuda: microseconds per part (+ `idle`) of the window, from the device activities.
+def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = None,
+                 span: tuple[float, float] | None = None) -> dict[str, float]:
+    """cuda: microseconds per part (+ `idle`) of `span` (default the RUN window), from the device activities.
 
     `eager_step`: (names, parts) of one eager decode step's activities in launch order, for the
     steps that replayed a CUDA graph (see `eager_step_parts`); None when the decode ran eagerly."""
-    lo, hi = window(trace)
+    lo, hi = span or window(trace)
     launched_in = _launch_ranges(trace)
     replays = _graph_replays(trace)
     if replays and eager_step is None:

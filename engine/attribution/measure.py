@@ -1,14 +1,18 @@
 """The two-length decode attribution of one arm.
 
-The same engine generates `short` and `long` tokens; everything the two runs share (prefill, the
-first token, warm-up effects, the profiler's start and stop) cancels in their difference, which is
-`long - short` decode steps and nothing else. Per iteration, each length runs once without the
-profiler (its wall time: the step as the engine really runs it) and once under it (per-part time).
+The same engine generates `short` and `long` tokens; what the two runs share (the first decode
+steps' warm-up, the profiler's start and stop) cancels in their difference, which is `long - short`
+decode steps and nothing else. Both the timed and the profiled run are read over the run's decode
+window only (generate()'s DECODE range and its `decode_s`: from the first step's launch, the prefill
+read back, to the last step read back): the prefill is host-bound and its time jitters by tens of ms
+between runs (measured at 64 layers on the H200: 108 vs 137 ms for the same 8-token run), which
+would not cancel and would move a 128-step difference by ~2%. Per iteration, each length runs once
+without the profiler (its decode wall: the step as the engine really runs it) and once under it.
 
-- total_ms_per_step = (best long wall - best short wall) / steps, without the profiler.
-- parts: from the profiled run of each length with the shortest window (the least disturbed on a
-  busy box, chosen the same way as the walls), differenced and divided by the steps; every part is
-  read from the trace (engine.attribution.capture), the gap part included.
+- total_ms_per_step = (best long decode wall - best short decode wall) / steps, without the profiler.
+- parts: from the profiled run of each length with the shortest decode window (the least disturbed
+  on a busy box, chosen the same way as the walls), differenced and divided by the steps; every part
+  is read from the trace (engine.attribution.capture), the gap part included.
 - closure = sum of parts / total_ms_per_step: the profile checked against the step timed apart;
   closure_iters: each iteration's profiled step over its own timed step (how noisy the box is).
 - Runs alternate length order and timed/profiled order across iterations, each after a collection,
@@ -16,8 +20,6 @@ profiler (its wall time: the step as the engine really runs it) and once under i
 - profiler_overhead = profiled step / total - 1; records_per_step: what the profiler timed one by one
   per step (CUDA: kernels and copies; CPU: part ranges), and overhead_us_per_record the overhead
   over them: a constant per record across depths says the profiler, not the engine, makes it.
-- closure_calibrated = (sum of parts - records x recorder_cost_us_per_record) / total_ms_per_step,
-  the recorder's cost per record measured on a workload of empty records (engine.attribution.calibrate).
 - spread_ms of a part: max - min of that part over the iterations (each iteration differenced on
   its own): the noise band `--compare` judges arm differences against.
 """
@@ -25,11 +27,10 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 
 import torch
 
-from engine.attribution import calibrate, capture
+from engine.attribution import capture
 from engine.attribution.traffic import bytes_per_part
 from engine.scopes import PARTS
 
@@ -37,22 +38,24 @@ SCHEMA_VERSION = 1
 
 
 def _wall(eng, prompts, n: int) -> float:
+    """Seconds of one generate of n tokens' decode window (the engine's own `decode_s`: device-synchronized
+    at both ends, the same interval as the DECODE range a profiled run is read over)."""
     gc.collect()  # every run, timed or profiled, starts from the same collector state
-    if eng.device.type == "cuda":
-        torch.cuda.synchronize(eng.device)
-    t0 = time.perf_counter()
-    eng.generate(prompts, n)
-    if eng.device.type == "cuda":
-        torch.cuda.synchronize(eng.device)
-    return time.perf_counter() - t0
+    stats: dict = {}
+    eng.generate(prompts, n, stats=stats)
+    if stats["prefill_steps"] != 1:
+        raise capture.AttributionError(f"generate: {stats['prefill_steps']} prefill steps for {len(prompts)} prompts; "
+                                       f"the decode window needs every prompt prefilled at once")
+    return stats["decode_s"]
 
 
 def _profile(eng, prompts, n: int, eager_step) -> dict:
-    """{window_us, parts_us} of one profiled generate of n tokens."""
+    """{window_us, parts_us, records} of one profiled generate of n tokens, over its decode window."""
     gc.collect()
     _, trace = capture.profiled(lambda: eng.generate(prompts, n), eng.device)
-    lo, hi = capture.window(trace)
-    parts = capture.host_parts(trace) if eng.device.type == "cpu" else capture.device_parts(trace, eager_step)
+    lo, hi = capture.decode_window(trace)
+    parts = (capture.host_parts(trace, (lo, hi)) if eng.device.type == "cpu"
+             else capture.device_parts(trace, eager_step, (lo, hi)))
     recorded = trace.ranges if eng.device.type == "cpu" else trace.device  # what the profiler timed one by one
     return {"window_us": hi - lo, "parts_us": parts, "records": sum(1 for r in recorded if lo <= r["start"] < hi)}
 
@@ -139,8 +142,6 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
     # What the profiler costs per thing it records (CUDA: kernels and copies; CPU: part ranges): if
     # the same figure comes back at 8 and 64 layers, the overhead is per record, not the engine's.
     records = (best[long]["records"] - best[short]["records"]) / steps
-    cost = calibrate.cost_us_per_record(eng.device)  # the recorder's cost per record, on empty records
-    calibrated = _ratio(sum(parts.values()) - records * cost / 1e3, total)
     return {
         "schema_version": SCHEMA_VERSION, "arm": eng.lm_head_arm, "backend": eng.backend,
         "decode": _decode_mode(eng), "time_source": _time_source(eng),
@@ -151,7 +152,6 @@ def attribute_arm(eng, prompts: list[list[int]], lengths: tuple[int, int], iters
         "profiled_ms_per_step": profiled_step, "profiler_overhead": None if overhead is None else overhead - 1,
         "records_per_step": records,
         "overhead_us_per_record": _ratio((profiled_step - total) * 1e3, records),
-        "recorder_cost_us_per_record": cost, "closure_calibrated": calibrated,
         "weight_bytes_per_step": weight_bytes, "achieved_gb_s": _ratio(weight_bytes / 1e9, total / 1e3),
         "walls_ms": {str(n): [w * 1e3 for w in walls[n]] for n in lengths},
         "profiled_ms": {str(n): [p["window_us"] / 1e3 for p in profs[n]] for n in lengths},

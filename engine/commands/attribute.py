@@ -130,9 +130,6 @@ def print_arm(r: dict, out) -> None:
     print(f"  profiler overhead {_num(r['profiler_overhead'], '+.2%')} (profiled step "
           f"{r['profiled_ms_per_step']:.4f} ms; {_num(r.get('records_per_step'), '.1f')} records a step, "
           f"{_num(r.get('overhead_us_per_record'), '+.3f')} us each)", file=out)
-    if r.get("closure_calibrated") is not None:
-        print(f"  closure calibrated {r['closure_calibrated']:.2%}: the parts less records x "
-              f"{r['recorder_cost_us_per_record']:+.3f} us, the recorder's cost per empty record", file=out)
     print(f"  weights {_mib(r['weight_bytes_per_step'])} MiB/step -> {_num(r['achieved_gb_s'], '.2f')} GB/s achieved; "
           f"box read {_num(r.get('box_read_gb_s'), '.2f')} GB/s -> {_num(r.get('bandwidth_share'), '.1%')} of it",
           file=out)
