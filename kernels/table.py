@@ -129,6 +129,29 @@ TILE: tuple[tuple[int, Config], ...] = (
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
+# Rows that go ahead of TILE for one (N, K), with `REGATE_TILE_BY_SHAPE=1` (off until timed on the H200).
+# The M <= 8 config (98 registers a thread under nvcc 13.0's ptxas: 4 CTAs of 4 warps per SM, 528 on
+# 132 SMs) launches gate_up's 34816 rows as 544 CTAs: 16 of them in a second, nearly empty wave. Its
+# x-in-shared-memory twin (84 registers: 5 CTAs per SM, 660) runs them in one. A hypothesis from the
+# register counts, to be settled by `SWEEP_SHAPES=gate_up_proj SWEEP_MS=1 bash scripts/device_kernels.sh
+# tilesweep` and an engine A/B of this switch.
+TILE_BY_SHAPE: dict[tuple[int, int], tuple[tuple[int, Config], ...]] = {
+    (2 * 17_408, 5120): ((8, TileConfig(1, 1, 4, x_shared=True)),),  # gate_up, merged
+}
+BY_SHAPE = os.environ.get("REGATE_TILE_BY_SHAPE", "0")
+if BY_SHAPE not in ("0", "1"):
+    raise ValueError(f"REGATE_TILE_BY_SHAPE: expected 0 or 1, found {BY_SHAPE!r}")
+
+
+def tile_config(m: int, n: int, k: int) -> Config:
+    """The CUDA tile GEMM's config for M rows of x against an (N, K) operand: TILE_BY_SHAPE's row for
+    (N, K) where the switch is on and one serves M, else TILE's."""
+    for max_m, cfg in (TILE_BY_SHAPE.get((n, k), ()) if BY_SHAPE == "1" else ()):
+        if m <= max_m:
+            return cfg
+    return config_for(m, TILE)
+
+
 def config_from_dict(d: dict) -> Config:
     """A tile config from its `__dict__` (sweep and bench JSON)."""
     return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)

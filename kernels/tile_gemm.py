@@ -166,7 +166,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned rows
-    cfg = config or table.config_for(m, table.TILE)
+    cfg = config or table.tile_config(m, op.n, k)
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = -(-(k // K_GROUP) // gps)

@@ -17,14 +17,27 @@ import json
 from collections import defaultdict
 
 
+def kernel_key(e: dict) -> str:
+    """A kernel's row: its name, and where the profiler gives them its grid, registers per thread
+    and estimated occupancy (so one GEMM kernel's launches split by shape, and a grid that needs a
+    second, nearly empty wave of CTAs shows beside the occupancy that makes it so)."""
+    meta = e.get("meta") or {}
+    grid = meta.get("grid")
+    if not grid:
+        return e["name"]
+    extra = " ".join(f"{tag} {meta[k]}" for tag, k in (("regs", "registers per thread"),
+                                                       ("occ%", "est. achieved occupancy %")) if k in meta)
+    return f"{e['name'][:60]} grid {'x'.join(map(str, grid))} {extra}".rstrip()
+
+
 def kernel_stats(device_rows: list[dict]) -> dict[str, list[float]]:
-    """name -> [count, device us, gap us before it] from a trace's device activities, in start order."""
+    """row -> [count, device us, gap us before it] from a trace's device activities, in start order."""
     stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     end = None
     for e in sorted(device_rows, key=lambda r: r["start"]):
         if e["name"].startswith(("Memcpy", "Memset")):
             continue
-        s = stats[e["name"]]
+        s = stats[kernel_key(e)]
         s[0] += 1
         s[1] += e["end"] - e["start"]
         if end is not None and e["start"] > end:
@@ -36,7 +49,7 @@ def kernel_stats(device_rows: list[dict]) -> dict[str, list[float]]:
 def profile(eng, prompts, n: int):
     from engine.attribution.capture import profiled
 
-    _, trace = profiled(lambda: eng.generate(prompts, n), eng.device)
+    _, trace = profiled(lambda: eng.generate(prompts, n), eng.device, keep_meta=True)
     return kernel_stats(trace.device)
 
 
@@ -65,14 +78,14 @@ def main() -> None:
     rows = []
     for name in set(short) | set(long):
         s, lg = short.get(name, [0, 0.0, 0.0]), long.get(name, [0, 0.0, 0.0])
-        rows.append({"kernel": name[:90], "per_step": (lg[0] - s[0]) / steps, "us": (lg[1] - s[1]) / steps,
+        rows.append({"kernel": name[:110], "per_step": (lg[0] - s[0]) / steps, "us": (lg[1] - s[1]) / steps,
                      "gap_us": (lg[2] - s[2]) / steps})
     rows.sort(key=lambda r: -(r["us"] + r["gap_us"]))
     total = {k: sum(r[k] for r in rows) for k in ("per_step", "us", "gap_us")}
-    print(f"{'kernel':90s} {'n/step':>7s} {'us/step':>9s} {'gap us':>8s}")
+    print(f"{'kernel':110s} {'n/step':>7s} {'us/step':>9s} {'gap us':>8s}")
     for r in rows[: a.top]:
-        print(f"{r['kernel']:90s} {r['per_step']:7.1f} {r['us']:9.1f} {r['gap_us']:8.1f}")
-    print(f"{'total':90s} {total['per_step']:7.1f} {total['us']:9.1f} {total['gap_us']:8.1f}")
+        print(f"{r['kernel']:110s} {r['per_step']:7.1f} {r['us']:9.1f} {r['gap_us']:8.1f}")
+    print(f"{'total':110s} {total['per_step']:7.1f} {total['us']:9.1f} {total['gap_us']:8.1f}")
     print(json.dumps({"model": a.model, "batch": a.batch, "prefill": a.prefill, "prompt_len": a.prompt_len,
                       "lengths": [n1, n2], "total": total, "rows": rows[: a.top]}))
 

@@ -129,9 +129,11 @@ def test_an_injected_slowdown_shows_in_its_part_and_no_other(monkeypatch, one_th
 
 
 def test_a_prefill_slower_in_one_length_moves_neither_the_step_nor_any_part(monkeypatch, one_thread):
-    """The measured window is the decode run: a prefill that takes 40 ms longer in the short runs
+    """The measured window is the decode run: a prefill that takes 200 ms longer in the short runs
     only (as the host-bound prefill jitters between runs on a GPU box) would, in a whole-run
-    difference, take 40 / 8 = 5 ms off every step; here it changes nothing beyond the box's noise."""
+    difference, take 200 / 8 = 25 ms off every step of a ~5 ms step (checked: the step comes out
+    near zero or negative); here the step and the parts stay where they were, within this shared
+    box's noise (its runs vary by tens of percent)."""
     from engine.model_runner import ModelRunner
 
     eng, prompts = _engine()
@@ -140,15 +142,14 @@ def test_a_prefill_slower_in_one_length_moves_neither_the_step_nor_any_part(monk
 
     def slow_short_prefill(self, seqs, *args, **kwargs):
         if seqs[0].max_new_tokens == 3:  # the short run's prefill only
-            time.sleep(0.04)
+            time.sleep(0.2)
         return original(self, seqs, *args, **kwargs)
     monkeypatch.setattr(ModelRunner, "prefill", slow_short_prefill)
     slow = attribute_arm(eng, prompts, (3, 11), iters=3, warmup=0)
-    assert slow["total_ms_per_step"] == pytest.approx(base["total_ms_per_step"], rel=0.3)
-    assert slow["profiled_ms_per_step"] == pytest.approx(base["profiled_ms_per_step"], rel=0.3)
-    assert abs(slow["closure"] - 1) < 0.2, slow["closure"]
-    # A whole-run window would have seen it: 40 ms over 8 steps is ~5 ms a step, near the step itself.
-    assert 40.0 / 8 > 0.5 * base["total_ms_per_step"]
+    shift_ms = 200.0 / 8  # what a whole-run window would take off each step
+    for key in ("total_ms_per_step", "profiled_ms_per_step"):
+        assert abs(slow[key] - base[key]) < 0.2 * shift_ms, (key, base[key], slow[key])
+    assert 0.5 < slow["closure"] < 2.0, slow["closure"]
 
 
 def test_the_decode_window_is_one_decode_run_inside_the_run():
@@ -288,3 +289,42 @@ def test_on_cuda_graph_replays_are_matched_to_the_eager_step_and_the_parts_parti
     assert sum(p["ms_per_step"] for p in r["parts"]) == pytest.approx(r["profiled_ms_per_step"], rel=1e-6)
     assert next(p for p in r["parts"] if p["name"] == "sample")["ms_per_step"] > 0
     assert r["records_per_step"] > 10  # kernels and copies a step replays
+
+
+class _MetaEvent:
+    def __init__(self, text):
+        self.text = text
+
+    def metadata_json(self):
+        return self.text
+
+
+@pytest.mark.parametrize("text, meta", [
+    ('"grid": [544, 1, 1], "registers per thread": 98, "est. achieved occupancy %": 25',
+     {"grid": [544, 1, 1], "registers per thread": 98, "est. achieved occupancy %": 25}),
+    ("", {}),
+    ('"grid": [544, 1', {}),  # cut short: no metadata rather than a guess
+])
+def test_kernel_metadata_is_read_as_a_dict_or_left_out(text, meta):
+    from engine.attribution.capture import event_meta
+
+    assert event_meta(_MetaEvent(text)) == meta
+    assert event_meta(object()) == {}  # an event without metadata at all
+
+
+def test_the_kernel_listing_splits_one_kernel_by_grid_and_names_registers_and_occupancy():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "decode_kernels.py"
+    spec = importlib.util.spec_from_file_location("decode_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gemm = "void tile_gemm_kernel<1, 1, 4, false, 1>(TileGemmArgs, int)"
+    rows = [{"name": gemm, "start": 0.0, "end": 30.0, "meta": {"grid": [544, 1, 1], "registers per thread": 98,
+                                                              "est. achieved occupancy %": 25}},
+            {"name": gemm, "start": 31.0, "end": 41.0, "meta": {"grid": [80, 4, 1]}},
+            {"name": "add_rms_norm_kernel", "start": 42.0, "end": 45.0}]
+    stats = mod.kernel_stats(rows)
+    assert stats == {f"{gemm[:60]} grid 544x1x1 regs 98 occ% 25": [1, 30.0, 0.0],
+                     f"{gemm[:60]} grid 80x4x1": [1, 10.0, 1.0], "add_rms_norm_kernel": [1, 3.0, 1.0]}

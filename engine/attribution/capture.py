@@ -20,6 +20,7 @@ Two recorders (engine.scopes says what each costs):
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -70,8 +71,10 @@ def _config():
     return ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
 
 
-def profiled(fn, device: torch.device, recorder: str | None = None) -> tuple[object, Trace]:
-    """Run fn() with the part scopes on; `recorder` kineto (CUDA needs it) or clock (the CPU default)."""
+def profiled(fn, device: torch.device, recorder: str | None = None, keep_meta: bool = False) -> tuple[object, Trace]:
+    """Run fn() with the part scopes on; `recorder` kineto (CUDA needs it) or clock (the CPU default).
+    `keep_meta`: each device activity keeps the profiler's metadata (`meta`: grid, block, registers
+    per thread, estimated occupancy where CUPTI gives them), for the lab's kernel listing."""
     recorder = recorder or ("clock" if device.type == "cpu" else "kineto")
     if recorder == "clock":
         if device.type != "cpu":
@@ -97,7 +100,7 @@ def profiled(fn, device: torch.device, recorder: str | None = None) -> tuple[obj
             result = _disable_profiler()
     finally:
         scopes.set_mode(previous)
-    return out, _trace(result.events())
+    return out, _trace(result.events(), keep_meta)
 
 
 def _clocked(fn) -> tuple[object, Trace]:
@@ -131,7 +134,7 @@ def _ours(name: str) -> bool:
     return scopes.part_of_range(name) is not None or name in (scopes.FORWARD, scopes.RUN, scopes.DECODE)
 
 
-def _trace(events) -> Trace:
+def _trace(events, keep_meta: bool = False) -> Trace:
     from torch._C._autograd import DeviceType
 
     t = Trace()
@@ -139,12 +142,27 @@ def _trace(events) -> Trace:
         row = {"name": e.name(), "start": e.start_ns() / 1e3, "end": e.end_ns() / 1e3}
         if e.device_type() != DeviceType.CPU:
             if is_device_work(e):
-                t.device.append({**row, "corr": e.correlation_id(), "stream": _stream(e)})
+                t.device.append({**row, "corr": e.correlation_id(), "stream": _stream(e),
+                                 **({"meta": event_meta(e)} if keep_meta else {})})
         elif _ours(row["name"]):
             t.ranges.append({**row, "id": e.correlation_id(), "thread": e.start_thread_id()})
         else:  # a CUDA runtime call (cudaLaunchKernel, cudaGraphLaunch, ...), by its CUPTI correlation
             t.launches.append({**row, "corr": e.correlation_id()})
     return t
+
+
+def event_meta(e) -> dict:
+    """The profiler's metadata of an event as a dict ({} where it has none or it does not parse):
+    Kineto writes it as the inside of a JSON object ('"grid": [544, 1, 1], "registers per thread": 98')."""
+    getter = getattr(e, "metadata_json", None)
+    text = getter() if getter is not None else ""
+    if not text:
+        return {}
+    try:
+        meta = json.loads("{" + text + "}")
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _stream(e) -> int | None:

@@ -32,6 +32,10 @@ SHAPES = {
     "o_proj": (5120, 24 * 256),
     "gate_up_proj": (2 * 17_408, 5120),
     "down_proj": (5120, 17_408),
+    # merged as the CUDA engine runs them (engine/projections.py); gate_up_proj and o_proj (= Gated
+    # DeltaNet's out_proj, 5120 x 6144) above are already the engine's own
+    "attn_qkv": (2 * 24 * 256 + 2 * 4 * 256, 5120),  # q (with its gate) | k | v
+    "gdn_in_proj": (2 * 2048 + 6144 + 6144 + 48 + 48, 5120),  # qkv | z | b | a
 }
 MS = (1, 4, 16, 64, 256)
 L2_BYTES = 60 * 2**20

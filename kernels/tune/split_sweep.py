@@ -62,7 +62,7 @@ def splits_of(name: str, m: int, sms: int) -> int:
     from kernels import table
 
     n, k = SHAPES[name]
-    gps = tg.groups_per_split(m, n // 16 * 16, k, table.config_for(m, table.TILE), sms)
+    gps = tg.groups_per_split(m, n // 16 * 16, k, table.tile_config(m, n, k), sms)
     return -(-(k // 256) // gps)
 
 
