@@ -167,8 +167,16 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
 # Programs per value head (NV: the head's DV columns split NV ways) so that a decode step has
 # about TARGET_PROGRAMS of them: at batch 1 the 27b shape has 48 heads for 132 SMs, one program each
 # streaming a 64 KiB state slot in and out. REGATE_DELTA_SPLIT=0: one program per head, always.
-TARGET_PROGRAMS = 256
+# REGATE_DELTA_TARGET (default 256) moves the target: at batch 16 the 27b shape has 768 heads, so
+# 256 leaves them unsplit, each program holding a 64 KiB slot in 8 warps' registers (measured 42.7
+# us a layer on the H200, fla-core's 8-column programs of one warp 37.5, the floor ~23); 8192 splits
+# them 8 ways too. Off the default until an A/B on the H200 shows it (kernels/tune/delta_sweep.py).
+_TARGET = os.environ.get("REGATE_DELTA_TARGET", "256")
+if not _TARGET.isdigit() or int(_TARGET) < 1:
+    raise ValueError(f"REGATE_DELTA_TARGET: expected a positive number of programs, found {_TARGET!r}")
+TARGET_PROGRAMS = int(_TARGET)
 MIN_BV = 16
+WARPS = (1, 2, 4, 8, 16)
 _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
@@ -197,11 +205,13 @@ def _ticket_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *, num_k_heads: int,
-               head_k_dim: int, head_v_dim: int, eps: float) -> torch.Tensor:
+               head_k_dim: int, head_v_dim: int, eps: float, nv: int | None = None,
+               num_warps: int | None = None) -> torch.Tensor:
     """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
-    in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype."""
+    in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype. `nv`, `num_warps`:
+    programs per value head and warps per program, in place of the rule's (kernels/tune/delta_sweep.py)."""
     return _launch(mixed, None, None, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, num_k_heads,
-                   head_k_dim, head_v_dim, eps)
+                   head_k_dim, head_v_dim, eps, nv, num_warps)
 
 
 def conv_delta_step(qkv, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
@@ -213,11 +223,22 @@ def conv_delta_step(qkv, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_l
                    num_k_heads, head_k_dim, head_v_dim, eps)
 
 
+def check_split(nv: int, num_warps: int, dv: int) -> None:
+    """An explicit split: a power of two dividing DV into column blocks of at least 8, and a warp
+    count Triton launches."""
+    if nv < 1 or nv & (nv - 1) or dv % nv or dv // nv < 8:
+        raise ValueError(f"delta_step: nv={nv} must be a power of two splitting head_v_dim={dv} into blocks of >= 8")
+    if num_warps not in WARPS:
+        raise ValueError(f"delta_step: num_warps={num_warps} must be one of {WARPS}")
+
+
 def _launch(mixed, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, num_k_heads,
-            head_k_dim, head_v_dim, eps) -> torch.Tensor:
+            head_k_dim, head_v_dim, eps, nv=None, num_warps=None) -> torch.Tensor:
     bsz, hv = b.shape
     out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
-    nv = programs_per_head(bsz, hv, head_v_dim)
+    nv = nv or programs_per_head(bsz, hv, head_v_dim)
+    num_warps = num_warps or (8 if nv == 1 else 4)
+    check_split(nv, num_warps, head_v_dim)
     conv = conv_cache is not None
     # tickets: [0, B*Hv) the gated norm's when a head is split; [B*Hv, B*Hv + B*Hk) the q/k windows'
     need = bsz * hv + bsz * num_k_heads if conv else bsz * hv * (nv > 1)
@@ -229,5 +250,5 @@ def _launch(mixed, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt
         num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
         rec_cache.stride(0), out.stride(0), conv_cache.stride(0) if conv else 0, bsz * hv,
         REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv, KERN=conv_weight.shape[1] if conv else 1,
-        CONV=conv, num_warps=8 if nv == 1 else 4, **pdl.launch_options(mixed.device))
+        CONV=conv, num_warps=num_warps, **pdl.launch_options(mixed.device))
     return out

@@ -4,6 +4,8 @@
 #   tile   build the CUDA tile GEMM extension, its tests, the marker
 #   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/table.py TILE
 #   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
+#   deltasweep  every split of the decode delta rule over programs and warps (kernels/tune/delta_sweep.py;
+#          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -39,6 +41,10 @@ stage_tilesweep() {
 stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES x SPLIT_EVEN at the 27B decode shapes
   $PY -m kernels.tune.split_sweep --ms "${SWEEP_MS:-1,16}" --waves "${SWEEP_WAVES:-2,4,8,16}" > "$OUT/splitsweep.txt"
   head -n -1 "$OUT/splitsweep.txt"; tail -1 "$OUT/splitsweep.txt" > "$OUT/splitsweep.json"
+}
+stage_deltasweep() {  # kernels/tune/delta_sweep.py (issue 24: the batch-16 delta rule, 2.26 ms of a 9.6 ms step)
+  $PY -m kernels.tune.delta_sweep --batches "${DELTA_BATCHES:-1,16}" > "$OUT/deltasweep.txt" || return 1
+  head -n -1 "$OUT/deltasweep.txt"; tail -1 "$OUT/deltasweep.txt" > "$OUT/deltasweep.json"
 }
 stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field libraries by measurement)
   [ -d /tmp/fla-site/fla ] || $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \

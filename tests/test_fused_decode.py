@@ -197,6 +197,64 @@ def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monke
         assert _ulps(out["1"], out["0"]).max() <= 2.0
 
 
+@pytest.mark.parametrize("nv, warps", [(1, 1), (2, 2), (4, 4), (8, 1)])
+def test_delta_step_at_an_explicit_split_and_warp_count_is_the_default_step(nv, warps):
+    """delta_step(nv=, num_warps=) (kernels/tune/delta_sweep.py times them): the same states and
+    outputs as the rule's launch, batch 3 on scattered slots, two steps (the tickets back at zero);
+    a split the kernel cannot run is refused by name."""
+    hk, hv, dk, dv = 2, 4, 16, 64
+    g = torch.Generator().manual_seed(nv * 10 + warps)
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    rec = {"rule": r(5, hv, dk, dv, scale=0.1).to(DEV)}
+    rec["explicit"] = rec["rule"].clone()
+    a_log, dt_bias, norm_w = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), (1 + r(dv, scale=0.1)).to(BF16)
+    fixed = dict(A_log=a_log.to(DEV), dt_bias=dt_bias.to(DEV), norm_weight=norm_w.to(DEV), num_k_heads=hk,
+                 head_k_dim=dk, head_v_dim=dv, eps=1e-6)
+    slots = torch.tensor([4, 0, 2], device=DEV)
+    for _ in range(2):
+        mixed, z = r(3, 2 * hk * dk + hv * dv).to(BF16).to(DEV), r(3, hv * dv).to(BF16).to(DEV)
+        b, a = r(3, hv).to(BF16).to(DEV), r(3, hv).to(BF16).to(DEV)
+        out = {"rule": gdn_decode.delta_step(mixed, z, b, a, rec["rule"], slots, **fixed),
+               "explicit": gdn_decode.delta_step(mixed, z, b, a, rec["explicit"], slots, **fixed, nv=nv,
+                                                 num_warps=warps)}
+        torch.testing.assert_close(rec["explicit"], rec["rule"], rtol=1e-5, atol=1e-6)
+        assert _ulps(out["explicit"], out["rule"]).max() <= 2.0
+    assert int(gdn_decode._ticket_counters(DEV, 1).abs().sum()) == 0
+    for bad, match in (({"nv": 3}, "nv=3 must be a power of two"), ({"nv": 16}, "blocks of >= 8"),
+                       ({"nv": 2, "num_warps": 3}, "num_warps=3 must be one of")):
+        with pytest.raises(ValueError, match=match):
+            gdn_decode.delta_step(mixed, z, b, a, rec["rule"], slots, **fixed, **bad)
+
+
+@pytest.mark.parametrize("target, nv", [("256", 1), ("8192", 8), ("0", None), ("many", None)])
+def test_the_split_target_moves_the_rule_and_a_bad_one_is_refused(target, nv):
+    """REGATE_DELTA_TARGET: at batch 16 the 27b shape's 768 heads stay whole at 256 programs and split
+    8 ways at 8192; a target that is no positive integer stops the import, naming the variable."""
+    import subprocess
+    import sys
+
+    code = "from kernels import gdn_decode; print(gdn_decode.programs_per_head(16, 48, 128))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "REGATE_DELTA_TARGET": target, "REGATE_DELTA_SPLIT": "1"})
+    if nv is None:
+        assert run.returncode != 0 and f"REGATE_DELTA_TARGET: expected a positive number of programs, found {target!r}" \
+            in run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert int(run.stdout) == nv
+
+
+def test_the_delta_sweep_times_every_launchable_split_with_the_reference_first():
+    from kernels.tune.delta_sweep import candidates
+
+    c = candidates(128, 128)
+    assert c[0] == (1, 8) and len(set(c)) == len(c)
+    for nv, w in c:
+        gdn_decode.check_split(nv, w, 128)  # every candidate launches
+        assert 4 <= 128 * (128 // nv) / (32 * w) <= 128
+    assert (16, 1) in c and (1, 1) not in c  # 8-column blocks of one warp (fla's shape); no spilling program
+
+
 def test_add_rms_norm_and_rms_norm_match_the_reference():
     g = torch.Generator().manual_seed(7)
     h, d = (torch.randn(5, 300, generator=g) * 3).to(BF16), torch.randn(5, 300, generator=g).to(BF16)
