@@ -36,7 +36,8 @@ def candidates(dk: int = DK, dv: int = DV) -> list[tuple[int, int]]:
     return out
 
 
-def sweep(bsz: int, gbps: float) -> list[dict]:
+def sweep(bsz: int, gbps: float, show=None) -> list[dict]:
+    """The rows of one batch; `show(row)` is called on each as it is measured (a cut run keeps them)."""
     x = inputs(bsz, 1, seed=bsz)
     slots = torch.arange(bsz, device="cuda")
     rule = (gdn_decode.programs_per_head(bsz, HV, DV), None)
@@ -64,7 +65,14 @@ def sweep(bsz: int, gbps: float) -> list[dict]:
         rows.append({"batch": bsz, "nv": nv, "warps": warps, "us": us, "floor_us": floor_us,
                      "share_of_floor": floor_us / us,
                      "rule": nv == rule[0] and warps == (8 if nv == 1 else 4)})
+        if show is not None:
+            show(rows[-1])
     return rows
+
+
+def _line(r: dict) -> str:
+    return (f"{r['batch']:>5} {r['nv']:>3} {r['warps']:>5} {r['us']:8.2f} {r['floor_us']:9.2f} "
+            f"{r['share_of_floor']:8.1%}{'  <- the rule' if r['rule'] else ''}")
 
 
 def main(argv=None) -> None:
@@ -75,12 +83,11 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("delta_sweep: needs a CUDA GPU")
     gbps = read_bandwidth_gbps()
-    rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, gbps)]
-    if not a.json:
-        print(f"{'batch':>5} {'nv':>3} {'warps':>5} {'us':>8} {'floor us':>9} {'of floor':>8}")
-        for r in rows:
-            print(f"{r['batch']:>5} {r['nv']:>3} {r['warps']:>5} {r['us']:8.2f} {r['floor_us']:9.2f} "
-                  f"{r['share_of_floor']:8.1%}{'  <- the rule' if r['rule'] else ''}")
+    show = None if a.json else (lambda r: print(_line(r), flush=True))
+    if show:
+        print(f"{'batch':>5} {'nv':>3} {'warps':>5} {'us':>8} {'floor us':>9} {'of floor':>8}", flush=True)
+    rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, gbps, show)]
+    if show:
         for bsz in sorted({r['batch'] for r in rows}):
             best = min((r for r in rows if r["batch"] == bsz), key=lambda r: r["us"])
             print(f"batch {bsz}: fastest nv={best['nv']} warps={best['warps']} {best['us']:.2f} us")
