@@ -222,6 +222,20 @@ def test_usage_errors_exit_2_naming_the_option(args, needle):
     assert res.exit_code == 2 and needle in res.output, res.output
 
 
+def test_prompts_past_the_default_prefill_budget_are_still_prefilled_at_once():
+    """2 x 1100 prompt tokens exceed the engine's default prefill budget (2048 tokens a step), which
+    would split the prefill and break the one run of decode steps the window is; the command sizes
+    the budget to the batch, and the engine's own refusal names why."""
+    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), "--lengths", "2,3", "--batch", "2",
+                                   "--prompt-len", "1100", "--iters", "1", "--warmup", "0", "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+    assert r["batch"] == 2 and r["prompt_len"] == 1100 and r["total_ms_per_step"] > 0
+    eng = Engine(tiny(), max_num_seqs=2, max_model_len=1103)  # the default budget: two prefills
+    with pytest.raises(Exception, match="2 prefill steps for 2 prompts; the decode window needs every prompt"):
+        attribute_arm(eng, synthetic_prompts(2, 1100, eng.model.config.vocab_size, seed=0), (2, 3), iters=1, warmup=0)
+
+
 def test_compare_prints_one_json_line_with_both_arms_and_their_difference():
     res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), "--compare", "--lengths", "3,5", "--iters",
                                    "1", "--warmup", "0", "--threads", "1", "--json"])

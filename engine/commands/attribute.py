@@ -66,7 +66,9 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
         torch.set_num_threads(threads)
     records = {}
     for arm in arms:
+        # every prompt in one prefill: the measured window is one uninterrupted run of decode steps
         eng = Engine(model, backend=backend, lm_head=arm, max_num_seqs=batch, max_model_len=prompt_len + lengths[1],
+                     max_num_batched_tokens=max(batch * prompt_len, prompt_len + lengths[1], 2048),
                      cuda_graphs=False if eager or backend == "cpu" else None)
         prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
         records[arm] = attribute_arm(eng, prompts, lengths, iters, warmup)
