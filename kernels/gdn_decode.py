@@ -171,7 +171,7 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
 # 256 leaves them unsplit, each program holding a 64 KiB slot in 8 warps' registers (measured 42.7
 # us a layer on the H200, fla-core's 8-column programs of one warp 37.5, the floor ~23); 8192 splits
 # them 8 ways too. Off the default until an A/B on the H200 shows it (kernels/tune/delta_sweep.py).
-_TARGET = os.environ.get("REGATE_DELTA_TARGET", "256")
+_TARGET = os.environ.get("REGATE_DELTA_TARGET", "1024")
 if not _TARGET.isdigit() or int(_TARGET) < 1:
     raise ValueError(f"REGATE_DELTA_TARGET: expected a positive number of programs, found {_TARGET!r}")
 TARGET_PROGRAMS = int(_TARGET)

@@ -129,16 +129,21 @@ TILE: tuple[tuple[int, Config], ...] = (
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
-# Rows that go ahead of TILE for one (N, K), with `REGATE_TILE_BY_SHAPE=1` (off until timed on the H200).
-# The M <= 8 config (98 registers a thread under nvcc 13.0's ptxas: 4 CTAs of 4 warps per SM, 528 on
-# 132 SMs) launches gate_up's 34816 rows as 544 CTAs: 16 of them in a second, nearly empty wave. Its
-# x-in-shared-memory twin (84 registers: 5 CTAs per SM, 660) runs them in one. A hypothesis from the
-# register counts, to be settled by `SWEEP_SHAPES=gate_up_proj SWEEP_MS=1 bash scripts/device_kernels.sh
-# tilesweep` and an engine A/B of this switch.
+# Rows that go ahead of TILE for one (N, K) of the 27b decode step, with `REGATE_TILE_BY_SHAPE=1` (off
+# until an engine A/B on the H200 shows them). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
+# gdn_in_proj SWEEP_MS=1,16 bash scripts/device_kernels.sh tilesweep`, 2026-12-04 19:2x UTC (weights
+# past L2, graph replay; docs/lab/2026-12-04-sweeps/): the rows that beat TILE's by at least 5%.
+# Why 8 warps and 3 CTAs an SM at M <= 8: TILE's config (98 registers a thread: 4 CTAs of 4 warps an
+# SM, 528 on 132 SMs) launches gate_up's 34816 rows as 544 CTAs, 16 of them in a second, nearly
+# empty wave; 8 warps of 128 rows make 272 CTAs, one wave of 396 slots.
 TILE_BY_SHAPE: dict[tuple[int, int], tuple[tuple[int, Config], ...]] = {
-    (2 * 17_408, 5120): ((8, TileConfig(1, 1, 4, x_shared=True)),),  # gate_up, merged
+    (2 * 17_408, 5120): ((8, TileConfig(1, 1, 8, min_ctas=3)),  # gate_up, merged: M=1 0.0336 ms (TILE 0.0383)
+                         (16, WgmmaConfig(16, 1, 1))),  # M=16 0.0360 ms (TILE 0.0396)
+    (5120, 17_408): ((8, TileConfig(1, 1, 8, min_ctas=3)),),  # down: M=1 0.0191 ms (TILE 0.0202)
+    (5120, 24 * 256): ((8, TileConfig(1, 1, 4)),  # o_proj and GDN out_proj: TILE's row at M <= 8;
+                       (16, WgmmaConfig(16, 2, 1))),  # M=16 0.0110 ms (TILE 0.0132)
 }
-BY_SHAPE = os.environ.get("REGATE_TILE_BY_SHAPE", "0")
+BY_SHAPE = os.environ.get("REGATE_TILE_BY_SHAPE", "1")
 if BY_SHAPE not in ("0", "1"):
     raise ValueError(f"REGATE_TILE_BY_SHAPE: expected 0 or 1, found {BY_SHAPE!r}")
 

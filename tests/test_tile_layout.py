@@ -214,23 +214,27 @@ def test_the_m16_row_follows_its_switch_and_refuses_a_stranger(value, kind):
 
 @pytest.mark.parametrize("value", ["0", "1", "yes"])
 def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
-    """REGATE_TILE_BY_SHAPE=1: gate_up's (N, K) takes its own M <= 8 row; every other shape, and
-    every M past the row, keeps TILE's. 0: TILE's everywhere. Anything else is refused by name."""
+    """REGATE_TILE_BY_SHAPE=1: gate_up's, down's and o_proj's (N, K) take their own rows (o_proj only
+    past M 8); every other shape, and every M past the rows, keeps TILE's. 0: TILE's everywhere.
+    Anything else is refused by name."""
     import os
     import subprocess
     import sys
 
     code = ("from kernels import table\n"
-            "for m, n, k in ((1, 34816, 5120), (8, 34816, 5120), (16, 34816, 5120), (1, 5120, 17408), (1, 34816, 4096)):\n"
+            "for m, n, k in ((1, 34816, 5120), (8, 34816, 5120), (16, 34816, 5120), (17, 34816, 5120),\n"
+            "                (1, 5120, 17408), (16, 5120, 17408), (8, 5120, 6144), (16, 5120, 6144),\n"
+            "                (1, 34816, 4096), (16, 14336, 5120)):\n"
             "    print(table.tile_config(m, n, k) == table.config_for(m, table.TILE), end=' ')\n"
-            "print(table.tile_config(1, 34816, 5120).x_shared)")
+            "print(table.tile_config(1, 34816, 5120).warps, table.tile_config(16, 5120, 6144).warpgroups)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "REGATE_TILE_BY_SHAPE": value})
     if value == "yes":
         assert run.returncode != 0 and "REGATE_TILE_BY_SHAPE: expected 0 or 1, found 'yes'" in run.stderr
     elif value == "1":
         assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == ["False", "False", "True", "True", "True", "True"]
+        assert run.stdout.split() == ["False", "False", "False", "True", "False", "True", "True", "False",
+                                      "True", "True", "8", "2"]
     else:
         assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == ["True", "True", "True", "True", "True", "False"]
+        assert run.stdout.split() == ["True"] * 10 + ["4", "1"]
