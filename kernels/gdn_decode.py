@@ -165,12 +165,13 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
 
 
 # Programs per value head (NV: the head's DV columns split NV ways) so that a decode step has
-# about TARGET_PROGRAMS of them: at batch 1 the 27b shape has 48 heads for 132 SMs, one program each
-# streaming a 64 KiB state slot in and out. REGATE_DELTA_SPLIT=0: one program per head, always.
-# REGATE_DELTA_TARGET (default 256) moves the target: at batch 16 the 27b shape has 768 heads, so
-# 256 leaves them unsplit, each program holding a 64 KiB slot in 8 warps' registers (measured 42.7
-# us a layer on the H200, fla-core's 8-column programs of one warp 37.5, the floor ~23); 8192 splits
-# them 8 ways too. Off the default until an A/B on the H200 shows it (kernels/tune/delta_sweep.py).
+# about TARGET_PROGRAMS of them: at batch 1 the 27b shape has 48 heads for 132 SMs, split 8 ways (the
+# most MIN_BV allows), each program streaming its part of a 64 KiB state slot in and out.
+# REGATE_DELTA_SPLIT=0: one program per head, always. REGATE_DELTA_TARGET (default 1024) moves the
+# target. At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
+# the H200 where the old target, 256, left them whole in 8 warps, 42.3 us (floor ~23;
+# kernels/tune/delta_sweep.py, 2026-12-04), and the 64-layer step went 9.21 -> 8.74 ms over 3
+# interleaved legs (docs/lab/2026-12-04-tile-rows.md). Batch 1 is the same at either target.
 _TARGET = os.environ.get("REGATE_DELTA_TARGET", "1024")
 if not _TARGET.isdigit() or int(_TARGET) < 1:
     raise ValueError(f"REGATE_DELTA_TARGET: expected a positive number of programs, found {_TARGET!r}")

@@ -129,11 +129,13 @@ TILE: tuple[tuple[int, Config], ...] = (
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
-# Rows that go ahead of TILE for one (N, K) of the 27b decode step, with `REGATE_TILE_BY_SHAPE=1` (off
-# until an engine A/B on the H200 shows them). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
+# Rows that go ahead of TILE for one (N, K) of the 27b decode step (`REGATE_TILE_BY_SHAPE=0` turns them
+# off for an A/B). On the H200 (64 layers, packed arm, 3 interleaved legs each) they took the step from
+# 6.957 to 6.458 ms at batch 1 and from 9.630 to 9.215 at batch 16 (docs/lab/2026-12-04-tile-rows.md). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
 # gdn_in_proj SWEEP_MS=1,16 bash scripts/device_kernels.sh tilesweep`, 2026-12-04 19:2x UTC (weights
-# past L2, graph replay; docs/lab/2026-12-04-sweeps/): the rows that beat TILE's by at least 5%.
-# Why 8 warps and 3 CTAs an SM at M <= 8: TILE's config (98 registers a thread: 4 CTAs of 4 warps an
+# past L2, graph replay; docs/lab/2026-12-04-sweeps/): the rows that beat TILE's by at least 5%; M=4
+# and 8 kept gate_up's and down's M <= 8 pick (docs/lab/2026-12-04-tile-rows/tilesweep-m4-m8.log).
+# Why 8 warps and 3 CTAs an SM at M <= 8, as the register counts read (not profiled): TILE's config (98 registers a thread: 4 CTAs of 4 warps an
 # SM, 528 on 132 SMs) launches gate_up's 34816 rows as 544 CTAs, 16 of them in a second, nearly
 # empty wave; 8 warps of 128 rows make 272 CTAs, one wave of 396 slots.
 TILE_BY_SHAPE: dict[tuple[int, int], tuple[tuple[int, Config], ...]] = {

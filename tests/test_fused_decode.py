@@ -226,16 +226,18 @@ def test_delta_step_at_an_explicit_split_and_warp_count_is_the_default_step(nv, 
             gdn_decode.delta_step(mixed, z, b, a, rec["rule"], slots, **fixed, **bad)
 
 
-@pytest.mark.parametrize("target, nv", [("256", 1), ("8192", 8), ("0", None), ("many", None)])
+@pytest.mark.parametrize("target, nv", [("256", 1), ("1024", 2), ("8192", 8), ("", 2), ("0", None), ("many", None)])
 def test_the_split_target_moves_the_rule_and_a_bad_one_is_refused(target, nv):
-    """REGATE_DELTA_TARGET: at batch 16 the 27b shape's 768 heads stay whole at 256 programs and split
-    8 ways at 8192; a target that is no positive integer stops the import, naming the variable."""
+    """REGATE_DELTA_TARGET: at batch 16 the 27b shape's 768 heads stay whole at 256 programs, split 2
+    ways at 1024 (the default, "" here: the variable unset) and 8 ways at 8192; a target that is no
+    positive integer stops the import, naming the variable."""
     import subprocess
     import sys
 
     code = "from kernels import gdn_decode; print(gdn_decode.programs_per_head(16, 48, 128))"
+    env = {k: v for k, v in os.environ.items() if k != "REGATE_DELTA_TARGET"}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "REGATE_DELTA_TARGET": target, "REGATE_DELTA_SPLIT": "1"})
+                         env={**env, **({"REGATE_DELTA_TARGET": target} if target else {}), "REGATE_DELTA_SPLIT": "1"})
     if nv is None:
         assert run.returncode != 0 and f"REGATE_DELTA_TARGET: expected a positive number of programs, found {target!r}" \
             in run.stderr
