@@ -133,8 +133,11 @@ TILE: tuple[tuple[int, Config], ...] = (
 # off for an A/B). On the H200 (64 layers, packed arm, 3 interleaved legs each) they took the step from
 # 6.957 to 6.458 ms at batch 1 and from 9.630 to 9.215 at batch 16 (docs/lab/2026-12-04-tile-rows.md). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
 # gdn_in_proj SWEEP_MS=1,16 bash scripts/device_kernels.sh tilesweep`, 2026-12-04 19:2x UTC (weights
-# past L2, graph replay; docs/lab/2026-12-04-sweeps/): the rows that beat TILE's by at least 5%; M=4
-# and 8 kept gate_up's and down's M <= 8 pick (docs/lab/2026-12-04-tile-rows/tilesweep-m4-m8.log).
+# past L2, graph replay; docs/lab/2026-12-04-sweeps/tilesweep.json): the rows that beat TILE's by at
+# least 5%, exactly what `python -m kernels.tune.bench --by-shape-from <that file>` prints (a test holds
+# the table to it). A second sweep at M 4 and 8 (docs/lab/2026-12-04-tile-rows/tilesweep-m4-m8.json)
+# keeps gate_up's M <= 8 row; down's row is the fastest at M 1, 4 and 8 but gains 5.2, 3.0 and 5.7%
+# there, 4.7% over the band: kept, as timed in the engine with the others.
 # Why 8 warps and 3 CTAs an SM at M <= 8, as the register counts read (not profiled): TILE's config (98 registers a thread: 4 CTAs of 4 warps an
 # SM, 528 on 132 SMs) launches gate_up's 34816 rows as 544 CTAs, 16 of them in a second, nearly
 # empty wave; 8 warps of 128 rows make 272 CTAs, one wave of 396 slots.

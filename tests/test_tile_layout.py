@@ -9,7 +9,7 @@ import torch
 
 from engine.nvfp4 import dequantize_raw
 from kernels import table, tile_gemm, tile_layout
-from kernels.tune.tile_sweep import table_from_sweep
+from kernels.tune.tile_sweep import by_shape_rows, table_from_sweep
 from kernels.tile_layout import emulate_dequant, emulate_fragments, repack
 
 
@@ -106,6 +106,48 @@ def test_table_from_sweep_takes_the_fastest_per_m():
     rows_table = table_from_sweep(rows)
     assert rows_table[0] == (1, table.TileConfig(1, 1, 4))
     assert rows_table[-1][0] > 10**9 and rows_table[-1][1].x_shared
+
+
+def _timed(n, k, m, cfg, ms):
+    return {"shape": "s", "n": n, "k": k, "m": m, "config": cfg.__dict__, "ms": ms}
+
+
+def test_by_shape_rows_take_a_band_only_past_the_gain_and_spell_out_tile_below_it():
+    """A row per TILE band whose best config (summed over the band's swept M, timed at each of them)
+    beats TILE's by the gain; below a row, a band without one keeps TILE's config spelled out; above
+    the last row, nothing."""
+    tile1, tile16 = table.config_for(1, table.TILE), table.config_for(16, table.TILE)
+    w8 = table.TileConfig(1, 1, 8, min_ctas=3)
+    wg = table.WgmmaConfig(16, 2, 1)
+    wide_only_at_1 = table.WgmmaConfig(16, 1, 1)
+    results = [
+        # (100, 64): band 8 gains 4% only (no row, spelled out), band 16 gains 20% (a row)
+        _timed(100, 64, 1, tile1, 1.00), _timed(100, 64, 1, w8, 0.96),
+        _timed(100, 64, 16, tile16, 1.00), _timed(100, 64, 16, wg, 0.80),
+        # (200, 64): band 8 over M 1 and 8: w8 wins at 1 by 30% but loses at 8, 0.7 + 1.3 > 0.95 * 2;
+        # a config timed at M=1 only cannot take the band however fast
+        _timed(200, 64, 1, tile1, 1.0), _timed(200, 64, 1, w8, 0.7), _timed(200, 64, 1, wide_only_at_1, 0.1),
+        _timed(200, 64, 8, tile1, 1.0), _timed(200, 64, 8, w8, 1.3),
+        # (300, 64): band 8 a row, band 16 none: the rows stop at 8
+        _timed(300, 64, 1, tile1, 1.0), _timed(300, 64, 1, w8, 0.5),
+        _timed(300, 64, 16, tile16, 1.0), _timed(300, 64, 16, wg, 0.99),
+        # (400, 64): TILE's own config never timed: nothing to beat, no row
+        _timed(400, 64, 1, w8, 0.5),
+    ]
+    rows = by_shape_rows(results, min_gain=0.05)
+    assert rows == {(100, 64): ((8, tile1), (16, wg)), (300, 64): ((8, w8),)}
+    assert by_shape_rows(results, min_gain=0.03)[(100, 64)] == ((8, w8), (16, wg))
+
+
+def test_the_per_shape_rows_are_what_their_sweep_calls_for():
+    """kernels/table.py's TILE_BY_SHAPE is by_shape_rows of the sweep its comment names (the H200's
+    timings, kept under docs/lab): a hand edit of the table without a sweep behind it fails here."""
+    import json
+    from pathlib import Path
+
+    sweep = Path(__file__).resolve().parents[1] / "docs/lab/2026-12-04-sweeps/tilesweep.json"
+    results = json.loads(sweep.read_text().splitlines()[0])["results"]
+    assert by_shape_rows(results) == table.TILE_BY_SHAPE
 
 
 def test_wgmma_k_order_puts_x_where_the_a_fragment_needs_it():

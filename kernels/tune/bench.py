@@ -176,6 +176,20 @@ def environment() -> dict:
             "triton": triton.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
 
 
+def print_by_shape(paths: list[str], min_gain: float) -> None:
+    """The TILE_BY_SHAPE rows the sweeps in `paths` call for, as Python for kernels/table.py."""
+    from kernels.tune.tile_sweep import by_shape_rows
+
+    results = []
+    for path in paths:
+        with open(path) as f:
+            results += json.loads(f.readline())["results"]
+    print("TILE_BY_SHAPE = {")
+    for (n, k), rows in by_shape_rows(results, min_gain).items():
+        print(f"    ({n}, {k}): {rows!r},")
+    print("}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -187,7 +201,13 @@ def main(argv=None) -> None:
     ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, wgmma)")
     ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
     ap.add_argument("--table-from", help="a --sweep-out file: bench its fastest configs instead of table.TRITON")
+    ap.add_argument("--by-shape-from", help="comma-separated --tile-sweep --sweep-out files: print the "
+                    "table.TILE_BY_SHAPE rows they call for (see --min-gain) and exit")
+    ap.add_argument("--min-gain", type=float, default=0.05, help="--by-shape-from: how much faster than TILE's "
+                    "config a band's row must be (default 0.05)")
     a = ap.parse_args(argv)
+    if a.by_shape_from:
+        return print_by_shape(a.by_shape_from.split(","), a.min_gain)
     shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
     ms = [int(v) for v in a.ms.split(",")]
     if a.sweep:

@@ -68,3 +68,37 @@ def sweep(shapes: dict, ms: list[int], out_path: str | None, time_fn, kinds=KIND
         raise ValueError(f"tile sweep kinds: expected a subset of {KINDS}, found {sorted(unknown)}")
     run_sweep("tile_gemm", shapes, ms, out_path, candidates=lambda m: candidates(m, kinds), correct=correct,
               time_fn=time_fn, label=label)
+
+
+def by_shape_rows(results: list[dict], min_gain: float = 0.05) -> dict[tuple[int, int], tuple]:
+    """table.TILE_BY_SHAPE from a tile sweep: per (N, K), a row for each of TILE's M bands where one
+    config beats TILE's own by at least `min_gain` (summed over the band's swept M, among the configs
+    timed at all of them). A band with no such config below one that has a row gets TILE's config
+    spelled out (rows are read in order, the first that serves M wins); bands above the last row
+    fall through to TILE."""
+    bands: dict[tuple[int, int], dict[int, dict[int, list[dict]]]] = {}
+    for r in results:
+        band = next((mx for mx, _ in table.TILE if r["m"] <= mx), table.TILE[-1][0])
+        bands.setdefault((r["n"], r["k"]), {}).setdefault(band, {}).setdefault(r["m"], []).append(r)
+    out = {}
+    for key, per_band in bands.items():
+        rows = []
+        for band in sorted(per_band):
+            ms = per_band[band]
+            incumbent = table.config_for(min(ms), table.TILE)
+            totals: dict[Config, float] = {}
+            for m, rs in ms.items():
+                for r in rs:
+                    cfg = config_from_dict(r["config"])
+                    totals[cfg] = totals.get(cfg, 0.0) + r["ms"]
+            seen_everywhere = {c for c in totals
+                               if all(any(config_from_dict(r["config"]) == c for r in rs) for rs in ms.values())}
+            if incumbent not in seen_everywhere:
+                continue  # TILE's own config was not timed at every M of the band: nothing to beat
+            best = min(seen_everywhere, key=totals.__getitem__)
+            rows.append((band, best if totals[best] <= (1 - min_gain) * totals[incumbent] else None))
+        while rows and rows[-1][1] is None:
+            rows.pop()
+        if rows:
+            out[key] = tuple((band, cfg or table.config_for(band, table.TILE)) for band, cfg in rows)
+    return out
