@@ -26,6 +26,10 @@ SPLIT_SUM_ENV = "REGATE_SPLIT_SUM_IN_NORM"
 # The decode conv step inside delta_step's launch (kernels/gdn_decode.conv_delta_step): one launch and
 # one kernel boundary fewer per Gated DeltaNet layer. Off until measured on the H200; =1 turns it on.
 CONV_IN_STEP_ENV = "REGATE_CONV_IN_STEP"
+# The decode step's greedy pick and top-k in two Triton launches (kernels/sample.py) instead of torch's
+# topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary). The same values and
+# ids bit for bit (tests/test_sample.py). Off until an A/B on the H200 shows it; =1 turns it on.
+SAMPLE_ENV = "REGATE_FUSED_SAMPLE"
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
@@ -46,3 +50,13 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
                            paged_decode_gated=paged_attention.paged_decode_gated,
                            rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,
                            silu_mul=decode_norm.silu_mul)
+
+
+def fused_sample(device: torch.device):
+    """kernels.sample.greedy_topk where the decode step's pick runs on it (CUDA with REGATE_FUSED_SAMPLE=1),
+    else None (torch's topk and argmax, the reference)."""
+    if device.type != "cuda" or os.environ.get(SAMPLE_ENV, "0") != "1":
+        return None
+    from kernels.sample import greedy_topk
+
+    return greedy_topk

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.fused import fused_sample
 from engine.kv_cache import KvCache, StateCache
 from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -48,6 +49,7 @@ class ModelRunner:
         self.max_blocks = blocks_for(max_model_len, bm.block_size)
         self.top_k = min(top_k, model.config.vocab_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.sample_kernel = fused_sample(device)  # None: torch's topk and argmax pick
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
@@ -145,10 +147,13 @@ class ModelRunner:
         with marker(FORWARD):
             logits = self.model.logits(self.model.hidden(ids, ctx))
         with scope("sample"):
+            out = st["sampled"][:rows]
+            if self.sample_kernel is not None:  # the same rows, two launches (kernels/sample.py)
+                self.sample_kernel(logits, self.top_k, out, st["prev_ids"][:rows])
+                return
             vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
             greedy = logits.argmax(dim=-1)
             st["prev_ids"][:rows] = greedy  # read by the next step's rows that are still PENDING
-            out = st["sampled"][:rows]
             out[:, 0] = greedy
             out[:, 1:1 + self.top_k] = vals
             out[:, 1 + self.top_k:] = top

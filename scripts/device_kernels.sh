@@ -6,6 +6,8 @@
 #   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
 #   deltasweep  every split of the decode delta rule over programs and warps (kernels/tune/delta_sweep.py;
 #          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
+#   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
+#          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -52,6 +54,7 @@ stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field librari
   PYTHONPATH=/tmp/fla-site:$PWD $PY -m kernels.tune.field_compare > "$OUT/fieldcompare.txt" || return 1
   head -n -1 "$OUT/fieldcompare.txt"; tail -1 "$OUT/fieldcompare.txt" > "$OUT/fieldcompare.json"
 }
+stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }
 stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
   $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"
