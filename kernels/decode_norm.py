@@ -73,13 +73,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float):
+# One program a row holds the whole row; its warps. kernels/tune/norm_sweep.py times the others.
+NORM_WARPS = 8
+WARPS = (1, 2, 4, 8, 16, 32)
+
+
+def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float, num_warps: int = NORM_WARPS):
     """(h + d, RMSNorm(h + d)) for rows of [T, N]: the new residual and its normed copy. d: a tensor
     [T, N], or a kernels.tile_gemm.SplitSum of that shape (summed here; its partials are BF16-rounded
-    to a d equal to what the GEMM's reduce kernel writes)."""
+    to a d equal to what the GEMM's reduce kernel writes). `num_warps`: of the row's one program."""
     res, out = torch.empty_like(h), torch.empty_like(h)
     if tuple(d.shape) != tuple(h.shape):
         raise ValueError(f"add_rms_norm: d has shape {tuple(d.shape)}, h {tuple(h.shape)}")
+    if num_warps not in WARPS:
+        raise ValueError(f"add_rms_norm: num_warps={num_warps} must be one of {WARPS}")
     if isinstance(d, torch.Tensor):
         d_ptr, s_d, s_split, scale, splits = d, d.stride(0), 0, 1.0, 0  # SPLITS=0: d itself
     else:  # a SplitSum: one specialization per split count (a model has a handful)
@@ -87,7 +94,7 @@ def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float):
             d.partial.shape[0]
     add_rms_norm_kernel[(h.shape[0],)](h, d_ptr, weight, res, out, h.shape[1], eps, h.stride(0), s_d,
                                        res.stride(0), out.stride(0), s_split, scale, HAS_D=True, SPLITS=splits,
-                                       BLOCK=_block(h.shape[1]), num_warps=8, **pdl.launch_options(h.device))
+                                       BLOCK=_block(h.shape[1]), num_warps=num_warps, **pdl.launch_options(h.device))
     return res, out
 
 

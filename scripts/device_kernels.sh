@@ -8,6 +8,8 @@
 #          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
 #   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
 #          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
+#   normsweep  the residual add + RMSNorm's warps a row (kernels/tune/norm_sweep.py; NORM_BATCHES default "1,16",
+#          NORM_SPLITS default "0,4,7"), each checked against the engine's launch, as graph replays
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -55,6 +57,7 @@ stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field librari
   head -n -1 "$OUT/fieldcompare.txt"; tail -1 "$OUT/fieldcompare.txt" > "$OUT/fieldcompare.json"
 }
 stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }
+stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}"; }
 stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
   $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"

@@ -290,6 +290,19 @@ def test_add_rms_norm_sums_split_k_partials_as_the_reduce_kernel_does(splits):
         decode_norm.add_rms_norm(h[:2].to(DEV), d, w.to(DEV), 1e-6)
 
 
+@pytest.mark.parametrize("warps", [1, 4, 16, 32])
+def test_add_rms_norm_at_any_warp_count_matches_the_reference(warps):
+    """kernels/tune/norm_sweep.py's launches: every warp count it times gives the reference's row (on a
+    GPU the sum of squares is reduced in another order: within 1 BF16 ulp); a count not built is refused."""
+    g = torch.Generator().manual_seed(warps)
+    h, d = (torch.randn(2, 5120, generator=g) * 3).to(BF16), torch.randn(2, 5120, generator=g).to(BF16)
+    w = (torch.randn(5120, generator=g) * 0.1).to(BF16)
+    res, out = decode_norm.add_rms_norm(h.to(DEV), d.to(DEV), w.to(DEV), 1e-6, num_warps=warps)
+    assert torch.equal(res.cpu(), h + d) and _ulps(out.cpu(), RMSNorm(w, 1e-6)(h + d)).max() <= 1.0
+    with pytest.raises(ValueError, match=r"num_warps=3 must be one of \(1, 2, 4, 8, 16, 32\)"):
+        decode_norm.add_rms_norm(h.to(DEV), d.to(DEV), w.to(DEV), 1e-6, num_warps=3)
+
+
 def test_silu_mul_matches_the_reference():
     g = torch.Generator().manual_seed(8)
     gate, up = (torch.randn(4, 2500, generator=g) * 4).to(BF16), torch.randn(4, 2500, generator=g).to(BF16)
