@@ -150,13 +150,13 @@ class ModelRunner:
             out = st["sampled"][:rows]
             if self.sample_kernel is not None:  # the same rows, two launches (kernels/sample.py)
                 self.sample_kernel(logits, self.top_k, out, st["prev_ids"][:rows])
-                return
-            vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
-            greedy = logits.argmax(dim=-1)
-            st["prev_ids"][:rows] = greedy  # read by the next step's rows that are still PENDING
-            out[:, 0] = greedy
-            out[:, 1:1 + self.top_k] = vals
-            out[:, 1 + self.top_k:] = top
+            else:
+                vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
+                greedy = logits.argmax(dim=-1)
+                st["prev_ids"][:rows] = greedy  # read by the next step's rows that are still PENDING
+                out[:, 0] = greedy
+                out[:, 1:1 + self.top_k] = vals
+                out[:, 1 + self.top_k:] = top
 
     def capture_decode_graphs(self) -> None:
         """One CUDA graph per bucket, largest first so the smaller ones reuse its memory pool."""

@@ -84,18 +84,13 @@ def by_shape_rows(results: list[dict], min_gain: float = 0.05) -> dict[tuple[int
     for key, per_band in bands.items():
         rows = []
         for band in sorted(per_band):
-            ms = per_band[band]
-            incumbent = table.config_for(min(ms), table.TILE)
-            totals: dict[Config, float] = {}
-            for m, rs in ms.items():
-                for r in rs:
-                    cfg = config_from_dict(r["config"])
-                    totals[cfg] = totals.get(cfg, 0.0) + r["ms"]
-            seen_everywhere = {c for c in totals
-                               if all(any(config_from_dict(r["config"]) == c for r in rs) for rs in ms.values())}
-            if incumbent not in seen_everywhere:
+            timed = {m: {config_from_dict(r["config"]): r["ms"] for r in rs} for m, rs in per_band[band].items()}
+            incumbent = table.config_for(min(timed), table.TILE)
+            common = set.intersection(*(set(t) for t in timed.values()))
+            if incumbent not in common:
                 continue  # TILE's own config was not timed at every M of the band: nothing to beat
-            best = min(seen_everywhere, key=totals.__getitem__)
+            totals: dict[Config, float] = {c: sum(t[c] for t in timed.values()) for c in common}
+            best = min(common, key=totals.__getitem__)
             rows.append((band, best if totals[best] <= (1 - min_gain) * totals[incumbent] else None))
         while rows and rows[-1][1] is None:
             rows.pop()
