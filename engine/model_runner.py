@@ -3,7 +3,8 @@
 Prefill flattens every admitted sequence's tokens into one batch (the Linears see all of them; the
 attention and delta-rule cores loop per sequence). Decode feeds one token per sequence; on CUDA the
 decode step is captured once per bucketed batch size into a CUDA graph over static input buffers,
-and a batch is padded up to its bucket with rows that write only to the caches' padding sink.
+and a batch is padded up to its bucket with rows that write only to the caches' padding sink; a
+prefill shape asked for more than once is replayed from a graph of its own (engine/prefill_graphs.py).
 
 A decode step is everything between the host's inputs and the host's tokens, so the device does not
 wait on host work it could do itself: the greedy pick and the top-k are taken inside the step
@@ -26,6 +27,7 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import PENDING, Sequence
+from engine.prefill_graphs import PrefillFeed, PrefillGraphs, graph_limit
 from engine.scopes import FORWARD, marker, scope
 
 # The per-step rows the host sends. `ids` sits right after `prev_ids` (the last step's picks, by its
@@ -53,32 +55,36 @@ class ModelRunner:
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
+        limit = graph_limit() if cuda_graphs else 0
+        self.prefill_graphs = PrefillGraphs(self._prefill_forward, device, limit) if limit else None
         if cuda_graphs:
             self.capture_decode_graphs()
 
-    def _long(self, values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
-
-    def _block_tables(self, seqs: list[Sequence], width: int) -> torch.Tensor:
-        pad = self.kv.pad_block
-        return self._long([s.block_table + [pad] * (width - len(s.block_table)) for s in seqs])
-
     def prefill(self, seqs: list[Sequence], all_logits: bool = False) -> torch.Tensor:
-        """Every token of each sequence -> last-token logits [B, V] (or all logits [T, V])."""
+        """Every token of each sequence -> last-token logits [B, V] (or all logits [T, V]). On CUDA
+        with graphs, a shape asked for before replays its graph (engine/prefill_graphs.py)."""
         for s in seqs:
             if s.token_ids[-1] == PENDING:
                 raise RuntimeError(f"prefill: sequence {s.seq_id}'s last token is still PENDING; read its step first")
-        ids = [t for s in seqs for t in s.token_ids]
-        ctx = Context("prefill", self._long([p for s in seqs for p in range(len(s))]),
-                      seq_lens=[len(s) for s in seqs], context_lens_host=[len(s) for s in seqs],
-                      slot_mapping=self._long([x for s in seqs for x in self.bm.slot_mapping(s, 0, len(s))]),
-                      block_tables=self._block_tables(seqs, max(len(s.block_table) for s in seqs)),
-                      state_slots=self._long([s.state_slot for s in seqs]), kv_cache=self.kv,
-                      state_cache=self.state)
+        feed = PrefillFeed.of([s.token_ids for s in seqs], [self.bm.slot_mapping(s, 0, len(s)) for s in seqs],
+                              [s.block_table for s in seqs], [s.state_slot for s in seqs], self.kv.pad_block)
+        if self.prefill_graphs is not None and not all_logits:
+            logits = self.prefill_graphs.run(feed)
+            if logits is not None:
+                return logits
+        return self._prefill_forward(feed, feed.views(feed.to_device(self.device)), all_logits)
+
+    def _prefill_forward(self, feed: PrefillFeed, v: dict[str, torch.Tensor], all_logits: bool = False) -> torch.Tensor:
+        """The prefill on the device inputs `v` (PrefillFeed.views): eager, or recorded into a graph."""
+        lens = list(feed.seq_lens)
+        ctx = Context("prefill", v["positions"], seq_lens=lens, context_lens_host=lens,
+                      slot_mapping=v["slot_mapping"], block_tables=v["block_tables"], state_slots=v["state_slots"],
+                      kv_cache=self.kv, state_cache=self.state,
+                      _varlen=(v["starts"].to(torch.int32), v["token_seqs"].to(torch.int32)))
         with marker(FORWARD):
-            hidden = self.model.hidden(self._long(ids), ctx)
+            hidden = self.model.hidden(v["ids"], ctx)
             if not all_logits:
-                hidden = hidden[self._long([e - 1 for _, e in ctx.query_ranges()])]
+                hidden = hidden[v["last"]]
             return self.model.logits(hidden)
 
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:

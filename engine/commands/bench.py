@@ -1,7 +1,8 @@
 """`engine bench`: decode throughput of one arm in one process — warm-up, then N timed runs.
 
 Prints a table for people (stderr when --json) and ONE JSON line for machines (schema_version 1):
-decode_tok_s (median over iterations) and every iteration's, ms_per_step, prefill_ms, peak host
+decode_tok_s (median over iterations) and every iteration's, ms_per_step, prefill_ms (median) and every
+iteration's (the first of a shape runs eagerly, its second captures a graph: engine/prefill_graphs.py), peak host
 RSS, peak device memory, bytes_per_decode_step (from the residency table) and achieved GB/s, and
 metadata captured automatically. Prompts are synthetic token ids drawn from `--seed`.
 """
@@ -110,6 +111,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     return {
         "schema_version": SCHEMA_VERSION, "decode_tok_s": statistics.median(tok_s), "decode_tok_s_iters": tok_s,
         "ms_per_step": ms_step, "prefill_ms": statistics.median(1000 * r["prefill_s"] for r in runs),
+        "prefill_ms_iters": [1000 * r["prefill_s"] for r in runs],
         "peak_rss_bytes": mem["peak_rss_bytes"], "peak_device_bytes": mem["peak_device_bytes"],
         "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
         "floor": floor,
@@ -117,6 +119,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
                    "fp4_gemm_reason": why, "head_fp4_gemm": on_gemm, "cuda_graphs": bool(eng.runner().graphs),
+                   "prefill_graphs": len(eng.runner().prefill_graphs.graphs) if eng.runner().prefill_graphs else 0,
                    "fused_decode": eng.model.fused is not None, "torch_threads": torch.get_num_threads()},
         "meta": collect_meta(backend),
     }

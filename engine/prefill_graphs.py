@@ -1,0 +1,153 @@
+"""Prefill replayed from CUDA graphs: one graph per prefill shape that is asked for more than once.
+
+Issued eagerly, a prefill of one 128-token prompt on the 64-layer 27b shape is ~2,000 kernel
+launches from Python, and the host takes 35-70 ms to issue ~26 ms of kernels, a different time in
+each process (docs/lab/2026-12-04-prefill.md). Replayed from a graph, the same kernels are issued
+by the driver in one call.
+
+A prefill's shapes are fixed by host values alone: its prompts' lengths (a prefill starts every
+sequence at position 0, so they are its context lengths too) and its block tables' width. That pair
+is the graph's key. The device inputs are one flat buffer (`PrefillFeed`) the host fills with one
+copy before each replay; what is derived from them (cu_seqlens, each token's sequence) is computed
+inside the forward, so the eager path and the graph run the same kernels on the same values.
+
+Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
+costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
+keys are held (REGATE_PREFILL_GRAPHS, default 8; 0 turns prefill graphs off), and past that new
+shapes run eagerly. A replay's logits are copied out before they are returned, so a later replay
+cannot overwrite a result the caller still holds.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+ENV = "REGATE_PREFILL_GRAPHS"
+DEFAULT_LIMIT = 8
+# The flat buffer's fields, in order; each is `size(B, T, W)` longs.
+FIELDS = (("ids", lambda b, t, w: t), ("positions", lambda b, t, w: t), ("slot_mapping", lambda b, t, w: t),
+          ("state_slots", lambda b, t, w: b), ("last", lambda b, t, w: b), ("starts", lambda b, t, w: b + 1),
+          ("token_seqs", lambda b, t, w: t), ("block_tables", lambda b, t, w: b * w))
+
+
+def graph_limit() -> int:
+    """REGATE_PREFILL_GRAPHS: how many prefill shapes may hold a graph (0: none)."""
+    raw = os.environ.get(ENV, str(DEFAULT_LIMIT))
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"{ENV}: expected a count of graphs >= 0, found {raw!r}")
+    return limit
+
+
+@dataclass(frozen=True)
+class PrefillFeed:
+    """One prefill's inputs as host values: `values` is the flat buffer, FIELDS in order."""
+
+    seq_lens: tuple[int, ...]
+    width: int  # block table columns (the batch's longest table; shorter rows padded with the sink block)
+    values: tuple[int, ...]
+
+    @classmethod
+    def of(cls, token_ids: list[list[int]], slot_mappings: list[list[int]], block_tables: list[list[int]],
+           state_slots: list[int], pad_block: int) -> "PrefillFeed":
+        """From each sequence's tokens, KV slots, block table and state slot."""
+        lens = tuple(len(t) for t in token_ids)
+        width = max(len(bt) for bt in block_tables)
+        starts = [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
+        fields = {
+            "ids": [t for ids in token_ids for t in ids],
+            "positions": [p for n in lens for p in range(n)],
+            "slot_mapping": [s for sm in slot_mappings for s in sm],
+            "state_slots": list(state_slots),
+            "last": [e - 1 for e in starts[1:]],
+            "starts": starts,
+            "token_seqs": [i for i, n in enumerate(lens) for _ in range(n)],
+            "block_tables": [b for bt in block_tables for b in bt + [pad_block] * (width - len(bt))],
+        }
+        for name, size in FIELDS:
+            if len(fields[name]) != size(len(lens), starts[-1], width):
+                raise ValueError(f"PrefillFeed: {name} has {len(fields[name])} values, expected "
+                                 f"{size(len(lens), starts[-1], width)} (lengths {lens}, width {width})")
+        return cls(lens, width, tuple(v for name, _ in FIELDS for v in fields[name]))
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], int]:
+        return self.seq_lens, self.width
+
+    def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The named fields of a flat long buffer holding `values` (views, no copies)."""
+        b, t, out, at = len(self.seq_lens), sum(self.seq_lens), {}, 0
+        for name, size in FIELDS:
+            n = size(b, t, self.width)
+            out[name] = buf[at:at + n]
+            at += n
+        out["block_tables"] = out["block_tables"].view(b, self.width)
+        return out
+
+    def to_device(self, device, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The flat buffer on `device` (into `out` when given): one copy, asynchronous from pinned
+        memory on CUDA (the caching host allocator keeps it until the copy has run)."""
+        host = torch.tensor(self.values, dtype=torch.long)
+        if torch.device(device).type == "cuda":
+            host = host.pin_memory()
+        if out is None:
+            return host.to(device, non_blocking=True)
+        out.copy_(host, non_blocking=True)
+        return out
+
+
+Forward = Callable[[PrefillFeed, dict], torch.Tensor]
+
+
+class PrefillGraphs:
+    """The held prefill graphs of one model runner; `run` returns logits, or None where this call
+    should run eagerly."""
+
+    def __init__(self, forward: Forward, device: torch.device, limit: int):
+        self.forward, self.device, self.limit = forward, device, limit
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.seen: set[tuple] = set()
+        self.pool = None  # one memory pool for every prefill graph: they replay one at a time
+
+    def decide(self, key: tuple) -> str:
+        """"replay" (a graph is held), "capture" (asked for before, room left) or "eager"; records the ask."""
+        if key in self.graphs:
+            return "replay"
+        if key in self.seen and len(self.graphs) < self.limit:
+            return "capture"
+        self.seen.add(key)
+        return "eager"
+
+    def run(self, feed: PrefillFeed) -> torch.Tensor | None:
+        action = self.decide(feed.key)
+        if action == "eager":
+            return None
+        if action == "capture":
+            return self._capture(feed)
+        graph, buf, out = self.graphs[feed.key]
+        feed.to_device(self.device, out=buf)
+        graph.replay()
+        return out.clone()
+
+    def _capture(self, feed: PrefillFeed) -> torch.Tensor:
+        """Capture `feed`'s shape; this call's logits are the warm-up run's (the capture runs nothing)."""
+        buf = feed.to_device(self.device)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # off the capture stream: lazy initialisation, the allocator
+            result = self.forward(feed, feed.views(buf))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):  # synchronizes first: `result` is complete
+            out = self.forward(feed, feed.views(buf))
+        self.pool = graph.pool()
+        self.graphs[feed.key] = (graph, buf, out)
+        return result
