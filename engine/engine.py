@@ -175,7 +175,7 @@ class Engine:
 
     def _greedy(self, batch: list[Sequence], logits: torch.Tensor, topk: dict) -> list[int]:
         with scope("sample"):
-            vals, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # sorted; ties to the lower id
+            vals, ids = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1)  # sorted; equal values in torch's order
             tokens = logits.argmax(dim=-1).tolist()
             for s, v, i in zip(batch, vals.tolist(), ids.tolist()):
                 topk[s.seq_id].append(TopK(v, i))

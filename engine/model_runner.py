@@ -89,7 +89,8 @@ class ModelRunner:
 
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:
         """One token per sequence (its last) -> (greedy ids, top-k logits, top-k ids), one row each;
-        the top-k sorted, ties to the lower id, as `torch.topk` of the step's FP32 logits."""
+        the top-k sorted as `torch.topk` of the step's FP32 logits (equal values: in torch's order, on
+        CUDA not by id; with the sample kernel, the lower id first: kernels/sample.py)."""
         return self.launch(seqs).read()
 
     def launch(self, seqs: list[Sequence]) -> "DecodeStep":
@@ -157,7 +158,7 @@ class ModelRunner:
             if self.sample_kernel is not None:  # the same rows, two launches (kernels/sample.py)
                 self.sample_kernel(logits, self.top_k, out, st["prev_ids"][:rows])
             else:
-                vals, top = logits.topk(self.top_k, dim=-1)  # sorted; ties to the lower id
+                vals, top = logits.topk(self.top_k, dim=-1)  # sorted; equal values in torch's order
                 greedy = logits.argmax(dim=-1)
                 st["prev_ids"][:rows] = greedy  # read by the next step's rows that are still PENDING
                 out[:, 0] = greedy

@@ -10,11 +10,14 @@ vocabulary torch's radix select takes ~14 kernels and ~80 us a step on the H200 
   the step's sampled row [greedy id, k logits, k ids] (FP64, which holds every id and FP32 value
   exactly) and the greedy id into the next step's `prev_ids`.
 
-Order as the reference: descending by value, ties to the lower id, so the first pick is argmax's
-first maximum. A NaN ranks as +inf, above every finite logit as in torch (which also puts it above
-+inf: a row holding both is the one case ordered otherwise); its logit is written back as read (values
-are loaded again by id, never carried through the rounds). Nothing is rounded: the same values and
-ids as the reference, bit for bit.
+Order: descending by value, ties to the lower id, so the first pick is argmax's first maximum. A NaN
+ranks as +inf, above every finite logit as in torch (which also puts it above +inf: a row holding
+both is the one case ordered otherwise); its logit is written back as read (values are loaded again
+by id, never carried through the rounds). Nothing is rounded: the same greedy ids and top-k values
+as the reference, bit for bit, and the same top-k ids up to the order of equal values. On the CPU
+torch's topk also puts ties to the lower id; on CUDA it does not (measured on the H200, integer-valued
+rows: not in 256 of 256, docs/lab/2026-12-04-prefill-graphs.md), so there only this kernel's order is
+a rule, and where the k-th value ties one past it the two may keep different ids of that value.
 """
 from __future__ import annotations
 
