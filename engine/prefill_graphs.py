@@ -14,7 +14,9 @@ inside the forward, so the eager path and the graph run the same kernels on the 
 Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
 costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
 keys are held (REGATE_PREFILL_GRAPHS, default 8; 0 turns prefill graphs off), and past that new
-shapes run eagerly. A replay's logits are copied out before they are returned, so a later replay
+shapes run eagerly. Nothing is captured while torch's profiler records (`engine attribute` profiles
+whole generates): a capture inside a CUPTI session is a combination torch has had hangs and crashes
+with (pytorch/pytorch#75504); replaying under the profiler is what the decode graphs already do. A replay's logits are copied out before they are returned, so a later replay
 cannot overwrite a result the caller still holds.
 """
 from __future__ import annotations
@@ -121,7 +123,7 @@ class PrefillGraphs:
         """"replay" (a graph is held), "capture" (asked for before, room left) or "eager"; records the ask."""
         if key in self.graphs:
             return "replay"
-        if key in self.seen and len(self.graphs) < self.limit:
+        if key in self.seen and len(self.graphs) < self.limit and not torch._C._autograd._profiler_enabled():
             return "capture"
         self.seen.add(key)
         return "eager"

@@ -52,6 +52,14 @@ def test_a_shape_is_captured_the_second_time_and_replayed_after():
     assert g.decide("b") == "eager"
 
 
+def test_nothing_is_captured_while_the_profiler_records():
+    g = PrefillGraphs(lambda f, v: None, torch.device("cpu"), limit=8)
+    assert g.decide("a") == "eager"
+    with torch.profiler.profile():
+        assert g.decide("a") == "eager"
+    assert g.decide("a") == "capture"
+
+
 def test_the_graph_limit_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert graph_limit() == 8
