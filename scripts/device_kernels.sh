@@ -16,7 +16,8 @@
 #   sweep  time candidate configs (SWEEP_SHAPES, SWEEP_MS) for kernels/table.py
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
-#   ncu    Nsight Compute on the head GEMM (NCU_M rows): speed of light + memory workload
+#   ncu    Nsight Compute on one tile GEMM (NCU_M rows, NCU_N x NCU_K; default the head): speed of light, memory
+#          workload, occupancy, warp stalls
 #   rsprobe  the wgmma chain microbenchmark (scripts/probe_wgmma_rs.cu): JSON lines to $OUT/rsprobe.jsonl
 # Logs go to $OUT/<stage>.log (or ./device-out when OUT is unset).
 # Usage: bash scripts/device_kernels.sh test sweep bench ncu
@@ -73,7 +74,9 @@ stage_rsprobe() {
     scripts/probe_wgmma_rs.cu 2>&1 | grep -v C7519
   /tmp/probe_wgmma_rs | tee "$OUT/rsprobe.jsonl"
 }
-stage_ncu() {  # NCU_M rows; NCU_CFG a config's JSON, e.g. '{"block_m": 64}' (default: the table's)
+stage_ncu() {  # NCU_M rows of x against an NCU_N x NCU_K operand (default the head's, 248320 x 5120; gate_up is
+  # 34816 x 5120, down 5120 x 17408); NCU_CFG a config's JSON, e.g. '{"block_m": 64}' (default: the table's for
+  # that shape, kernels.table.tile_config). ncu flushes the caches before each profiled launch (its default).
   ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemm_kernel}" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
@@ -85,8 +88,8 @@ from kernels.tile_gemm import tile_gemm
 from kernels.tile_layout import repack
 import json
 cfg = config_from_dict(json.loads('${NCU_CFG:-}')) if '${NCU_CFG:-}' else None
-op = repack(*random_packed(248320, 5120, 0))
-x = torch.randn(${NCU_M:-1}, 5120, dtype=torch.bfloat16, device='cuda')
+op = repack(*random_packed(${NCU_N:-248320}, ${NCU_K:-5120}, 0))
+x = torch.randn(${NCU_M:-1}, ${NCU_K:-5120}, dtype=torch.bfloat16, device='cuda')
 for _ in range(5): tile_gemm(x, op, 1e-3, config=cfg)
 torch.cuda.synchronize()"
 }
