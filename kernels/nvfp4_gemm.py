@@ -130,11 +130,17 @@ def matmul_merged(x: torch.Tensor, m) -> torch.Tensor:
 
 
 def _warm_tile(op, row_scale=None) -> None:
-    """One call per table row, and the split-K counters allocated, so nothing loads or allocates
-    lazily during a CUDA-graph capture."""
+    """One call per table row, the split-K counters allocated and, where some M takes it, the
+    dequant path's kernel compiled, so nothing loads or allocates lazily during a CUDA-graph capture."""
     from kernels import tile_gemm
 
     tile_gemm.split_counters(op.words.device)
+    if table.dequant_from(1 << 30, op.n, op.k):  # the dequant path's Triton kernel, on one row tile
+        from kernels.tile_dequant import dequantize_tile
+        from kernels.tile_layout import TileOperand
+
+        one = TileOperand(op.words[:1], op.codes[:1], op.tail_packed[:0], op.tail_scale[:0], 16, op.k)
+        dequantize_tile(one, 1.0, row_scale[:16] if row_scale is not None else None)
     for max_m, _ in table.TILE:
         m = min(max_m, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,

@@ -162,6 +162,28 @@ def tile_config(m: int, n: int, k: int) -> Config:
     return config_for(m, TILE)
 
 
+# From which M a tile GEMM is "dequantize + cuBLAS" instead (kernels/tile_dequant.py): a per-call BF16
+# copy of the weight and cuBLAS's BF16 GEMM, the path issue 24 says prefill-sized M must never be slower
+# than (the tower shapes at M=256 ran at 0.65-0.82x cuBLAS alone; the copy costs ~2.6 bytes a weight
+# more). Per (N, K): the smallest M of `python -m kernels.tune.dequant_sweep` from which the copy and
+# cuBLAS win at every M measured (its --table prints these rows). Empty: not measured on the H200 yet,
+# so every M stays on the tile kernels. REGATE_DEQUANT_MIN_M=M sets one M for every shape (an A/B);
+# 0 turns the rows off.
+DEQUANT_BY_SHAPE: dict[tuple[int, int], int] = {}
+_DEQUANT_ENV = os.environ.get("REGATE_DEQUANT_MIN_M", "")
+if _DEQUANT_ENV and not _DEQUANT_ENV.isdigit():
+    raise ValueError(f"REGATE_DEQUANT_MIN_M: expected an M (0: off), found {_DEQUANT_ENV!r}")
+DEQUANT_MIN_M = int(_DEQUANT_ENV) if _DEQUANT_ENV else None
+
+
+def dequant_from(m: int, n: int, k: int) -> bool:
+    """Whether an [M, K] x [N, K] tile GEMM runs as dequantize + cuBLAS (see DEQUANT_BY_SHAPE)."""
+    if DEQUANT_MIN_M is not None:
+        return 0 < DEQUANT_MIN_M <= m
+    at = DEQUANT_BY_SHAPE.get((n, k))
+    return at is not None and m >= at
+
+
 def config_from_dict(d: dict) -> Config:
     """A tile config from its `__dict__` (sweep and bench JSON)."""
     return WgmmaConfig(**d) if "block_m" in d else TileConfig(**d)

@@ -160,20 +160,26 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
     times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
     such an operand has no tail rows. `defer_sum`: where K is split (and the operand has one global
-    scale and no tail rows), return the unsummed partials as a SplitSum instead of y."""
+    scale and no tail rows), return the unsummed partials as a SplitSum instead of y. Without a
+    `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py)."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned rows
-    cfg = config or table.tile_config(m, op.n, k)
+    if row_scale is not None and op.n > op.n_main:
+        raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
+    if config is None and table.dequant_from(m, op.n, k):  # prefill-sized M: dequantize + cuBLAS
+        from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
+
+        dequant_gemm(x, op, global_scale, row_scale, y)
+        return _tail(x, op, global_scale, y)
+    cfg = config or table.tile_config(m, op.n, k)
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = -(-(k // K_GROUP) // gps)
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
-    if row_scale is not None and op.n > op.n_main:
-        raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
     counters = split_counters(x.device) if splits > 1 and not defer else None
     if isinstance(cfg, WgmmaConfig):
@@ -185,6 +191,11 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
                                   PREFETCH_GROUPS, defer, early_groups())
     if defer:
         return SplitSum(partial, op.n, out_scale)
+    return _tail(x, op, global_scale, y)
+
+
+def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:
+    """y with its N % 16 tail rows, which the tile operand keeps in the checkpoint layout, from the Triton kernel."""
     if op.n > op.n_main:
         y[:, op.n_main:] = nvfp4_gemm(x, op.tail_packed, op.tail_scale, global_scale, name="tile tail")
     return y
