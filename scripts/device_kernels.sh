@@ -12,6 +12,8 @@
 #          NORM_SPLITS default "0,4,7"), each checked against the engine's launch, as graph replays
 #   dequantsweep  dequantize + cuBLAS against the tile kernels at prefill-sized M (kernels/tune/dequant_sweep.py;
 #          DEQUANT_MS, default "128,256,512,1024,2048,4096"): the crossovers for kernels/table.py DEQUANT_BY_SHAPE
+#   readfloor  what a plain read of each 27B GEMM's bytes costs (kernels/tune/read_floor.py), beside the tile GEMM
+#          at M=1 on the same bytes: is the GEMM's ~5 us over bytes / bandwidth its own, or any read's?
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -63,6 +65,10 @@ stage_dequantsweep() {  # its kernel's tests on the GPU first (bit for bit again
   $PY -m pytest -q -p no:cacheprovider tests/test_tile_dequant.py -rs || return 1
   $PY -m kernels.tune.dequant_sweep --ms "${DEQUANT_MS:-128,256,512,1024,2048,4096}" > "$OUT/dequantsweep.txt" || return 1
   head -n -1 "$OUT/dequantsweep.txt"; tail -1 "$OUT/dequantsweep.txt" > "$OUT/dequantsweep.json"
+}
+stage_readfloor() {
+  $PY -m kernels.tune.read_floor > "$OUT/readfloor.txt" || return 1
+  head -n -1 "$OUT/readfloor.txt"; tail -1 "$OUT/readfloor.txt" > "$OUT/readfloor.json"
 }
 stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }
 stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}"; }
