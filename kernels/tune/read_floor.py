@@ -7,8 +7,11 @@ bytes, the tail)? For each shape's packed bytes this times, as graph replays on 
 L2: a plain streaming read (`read_kernel`: each program XORs its slice, loads unrolled; every
 (block, loads a program, warps) of a small sweep, the fastest kept), torch's sum, and the tile GEMM at
 M=1 with the table's config. `gemm_over_read` near 1: the GEMM already reads as fast as a read of its
-size can, and what is left is between kernels (overlap), not inside one. Prints a table, then one
-JSON line. Tuning code: no product module imports it.
+size can, and what is left is between kernels (overlap), not inside one. Where the bytes fit half of
+L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that stays in L2 (`*_l2_ms`):
+if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
+kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. Prints a
+table, then one JSON line. Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import triton.language as tl
 
 from kernels import table
 from kernels import tile_gemm as tg
-from kernels.tune.bench import copies_for, environment, median_ms, read_bandwidth_gbps
+from kernels.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
 from kernels.tune.split_sweep import SHAPES, operands, packed_bytes
 
 CONFIGS = [(block, loads, warps) for block in (1024, 4096) for loads in (1, 4, 8, 16) for warps in (4, 8)]
@@ -75,9 +78,12 @@ def xor_reference(x: torch.Tensor, span: int) -> torch.Tensor:
     return acc
 
 
-def time_gemm(name: str) -> float:
+def time_gemm(name: str, in_l2: bool = False) -> float:
+    """The tile GEMM at M=1 on copies rotated past L2, or (`in_l2`) on one copy replayed from L2."""
     n, k = SHAPES[name]
     ops = operands([name], {})
+    if in_l2:
+        ops = itertools.repeat(next(ops))
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     cfg = table.tile_config(1, n, k)
@@ -97,12 +103,20 @@ def main(argv=None) -> None:
         r = {"shape": name, "bytes": nbytes, "floor_ms": nbytes / (read_gbps * 1e9) * 1e3, **time_reads(nbytes),
              "gemm_ms": time_gemm(name)}
         r["gemm_over_read"] = r["gemm_ms"] / r["read_ms"]
+        if 2 * nbytes <= L2_BYTES:
+            x = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
+            cfg = r["read_config"]
+            r["read_l2_ms"] = median_ms(lambda: read(x, cfg["block"], cfg["loads"], cfg["warps"]))
+            r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:
             print(f"{name:<13}{nbytes / 1e6:>8.1f} MB  floor {r['floor_ms'] * 1e3:>7.1f} us  read {r['read_ms'] * 1e3:>7.1f}"
                   f" {r['read_config']}  torch sum {r['torch_sum_ms'] * 1e3:>7.1f}  GEMM M=1 {r['gemm_ms'] * 1e3:>7.1f}"
                   f"  GEMM/read {r['gemm_over_read']:.3f}", flush=True)
+            if "gemm_l2_ms" in r:
+                print(f"{'':<13}{'':>11}  from L2: read {r['read_l2_ms'] * 1e3:.1f} us, GEMM M=1 {r['gemm_l2_ms'] * 1e3:.1f}",
+                      flush=True)
     print(json.dumps({"bench": "read_floor", **environment(), "read_gbps": read_gbps, "rows": rows}))
 
 
