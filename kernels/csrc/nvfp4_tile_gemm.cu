@@ -15,6 +15,7 @@
 // epilogue multiplies the FP32 accumulator by global_scale * 2^19.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <cstdint>
 
 #include "nvfp4_tile_decode.cuh"
@@ -111,7 +112,9 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
-template <int MT, int R, int WARPS, bool XS, int MINB>
+// ESM: early K groups in shared memory (p.early_smem), its own instantiation so the default kernel
+// keeps its registers (the staged path costs ~12 more a thread, and spills at 80).
+template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -161,16 +164,38 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // written them): then the first early_groups K groups load into registers before the wait, so
   // the weight stream starts during the previous kernels' tail. Otherwise they may only be
   // prefetched into L2 (coherent) meanwhile.
-  const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+  // The same, into shared memory (p.early_smem; x via L1 only): the warp's first `staged` K groups are
+  // copied before the wait, so up to the launcher's cap of them arrive while the kernels before this
+  // one run, not just the one or two the registers hold. After the wait the warp first puts the next
+  // two groups in flight into registers, then computes the staged ones from shared memory.
+  int staged = 0;
+  if constexpr (ESM && !XS) staged = active ? min(p.early_smem, cg1 - cg0) : 0;
+  uint8_t* wsm = x_smem + warp * p.early_smem * R * kGroupSmemBytes;
+  for (int j = 0; j < staged; ++j)
+    stage_group<R>(wsm + j * R * kGroupSmemBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + j, lane);
+  if (staged > 0) cp_async_commit();
+  const int early = active && staged == 0 ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
   if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
   if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
-  if (early == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
+  if (early == 0 && staged == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
     prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
   grid_dependency_wait();
-  if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
+  const int c0 = cg0 + staged;  // the first group the loop below reads from global memory
+  if (c0 < cg1) fetch(buf0, c0, 0, early < 1);
   if constexpr (XS) cp_async_commit();
-  for (int cg = cg0; cg < cg1; cg += 2) {
-    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
+  if constexpr (ESM && !XS) {
+    if (staged > 0) {
+      if (c0 + 1 < cg1) fetch(buf1, c0 + 1, 1, true);
+      cp_async_wait<0>();  // this lane's staged bytes (each lane reads only what it copied)
+      for (int j = 0; j < staged; ++j) {
+        Group<R> gs;
+        lds_group<R>(gs, wsm + j * R * kGroupSmemBytes, lane);
+        compute_group<MT, R, false>(acc, gs, xr, nullptr, cg0 + j, g, t);
+      }
+    }
+  }
+  for (int cg = c0; cg < cg1; cg += 2) {
+    if (cg + 1 < cg1 && !(staged > 0 && cg == c0)) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
     if constexpr (XS) cp_async_commit();
     run(buf0, cg, 0);
     if (cg + 1 >= cg1) break;
@@ -222,17 +247,45 @@ __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
   p.y[off] = __float2bfloat16_rn(s * row_scale_of(p, (int)(i % n_main)));
 }
 
+// How many early K groups a CTA of `kernel` may stage in shared memory without fitting fewer CTAs on
+// an SM than its registers allow (at most 8), with the kernel's dynamic limit raised to that. Queries
+// and an attribute only, no stream work, so it may run during a graph capture (where early groups are
+// asked for).
+int early_smem_cap(void (*kernel)(TileGemmArgs, int), int threads, int bytes_per_group) {
+  int dev = 0, ctas = 0, per_sm = 0, per_cta = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  const int budget = std::min(per_cta, per_sm / std::max(ctas, 1) - 1024);  // 1 KB an SM keeps per CTA
+  int cap = std::max(0, std::min(8, budget / bytes_per_group));
+  if (cap * bytes_per_group > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap * bytes_per_group) != cudaSuccess)
+    cap = 48 * 1024 / bytes_per_group;
+  return cap;
+}
+
 template <int MT, int R, int WARPS, bool XS, int MINB = 1>
 cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
   const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
-  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
-  if (smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
+  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false>;
+  TileGemmArgs q = p;
+  q.early_smem = 0;
+  const int group_bytes = WARPS * R * kGroupSmemBytes;  // one early group of every warp
+  if constexpr (MT == 1 && !XS) {  // early groups in shared memory: built for the M <= 8 rows (x via L1)
+    static int cap = -1;  // asked once, and only where early groups are asked for
+    if (p.early_smem > 0 && cap < 0) cap = early_smem_cap(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>,
+                                                          WARPS * 32, group_bytes);
+    q.early_smem = std::min(std::max(p.early_smem, 0), std::max(cap, 0));
+    if (q.early_smem > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
+  }
+  const int smem = XS ? 2 * MT * 8 * kXRowBytes : q.early_smem * group_bytes;
+  if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  TileGemmArgs q = p;
   if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
   // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
   // end of the kernel before it.

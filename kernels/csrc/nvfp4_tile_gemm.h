@@ -26,6 +26,9 @@ struct TileGemmArgs {
                            // weights (a decode step's graph); 0: none
   int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits, no counters): the
                            // consumer sums them (kernels/decode_norm.py add_rms_norm); y is not written
+  int early_smem;          // mma.sync kernel with x via L1: K groups of its weights each warp copies into shared
+                           // memory before waiting on the kernel before it (capped where they would cost
+                           // occupancy); replaces early_groups; same condition (no kernel writes the weights)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
