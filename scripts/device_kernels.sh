@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script sent to the GPU box for the packed NVFP4 GEMM (issue 4). Stages, in the order given:
 #   test   the kernel tests (CPU + cuda-marked) and `engine build`'s marker
-#   tile   build the CUDA tile GEMM extension, its tests, the marker
+#   tile   build the CUDA tile GEMM extension, its tests (and the early-weights ones), the marker
 #   tilesweep  time every built tile config (SWEEP_SHAPES, SWEEP_MS, SWEEP_KINDS) for kernels/table.py TILE
 #   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
 #   deltasweep  every split of the decode delta rule over programs and warps (kernels/tune/delta_sweep.py;
@@ -40,7 +40,8 @@ stage_test() {
 }
 stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
   local t0=$SECONDS; $PY -c "from kernels.tile_gemm import extension; extension()"; echo "extension build $((SECONDS - t0)) s"
-  $PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py -rs -x -k "${TILE_TESTS:-tile or prepare or graph}"
+  $PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_projections_cuda.py -rs -x \
+    -k "${TILE_TESTS:-tile or prepare or graph or early}"
   $PY -c 'from kernels.build import build; print(build()[0])'
 }
 stage_tilesweep() {
