@@ -14,10 +14,13 @@ rounding to BF16. So it equals `dequantize_raw(...).to(bfloat16)` bit for bit (t
 under Triton's CPU interpreter and on the GPU), and the GEMM is the CPU backend's tower GEMM
 (`engine.linear.dequant_for_call` then `F.linear`) on the GPU.
 
-Each program writes one row tile's [16, 64 * CHUNKS] block in output order; every element finds its
-word (the lane and MMA step its K position sits in) and its scale code, decodes only the register of
-the word it needs (`decode_word`'s output r) and builds the FP32 values from their bits, so no
-subnormal arithmetic is involved.
+Each program writes one row tile's [16, 64 * CHUNKS] block. It loads each row's words as
+[16-wide K block, MMA step] (a lane's four words are one 16-byte load) and each block's scale code
+once, decodes the two registers of a word that hold the row (`decode_word`'s outputs rh and rh + 2),
+builds the four FP32 values from their bits (no subnormal arithmetic) and interleaves them into
+K order. Compiled for sm_90 (Triton 3.6) that is ~22 PTX instructions an element, with 16-byte loads
+of the words and 16-byte stores (a first version decoding every element from its own word load took
+~40); the copy's time on the GPU is the sweep's `copy` column.
 """
 from __future__ import annotations
 
@@ -32,40 +35,52 @@ CHUNKS = 4  # 64-wide K chunks per program: one K group, [16, 256] outputs
 
 
 @triton.jit
-def _dequant_kernel(words_ptr, codes_ptr, out_ptr, row_gs_ptr, gs, chunks, groups, ldo,
-                    ROW_GS: tl.constexpr, CH: tl.constexpr):
-    rt, cb = tl.program_id(0), tl.program_id(1)
-    j = tl.arange(0, 16)[:, None]  # row in the tile: 8 * rh + g
-    q = tl.arange(0, 64 * CH)[None, :]  # K offset in this program's chunks
-    rh, g = j // 8, j % 8
-    c = cb * CH + q // 64
-    kk = q % 64
-    t, i, kh, half = kk // 16, (kk % 16) // 4, (kk % 4) // 2, kk % 2
-    lane = 4 * g + t
-    word = tl.load(words_ptr + ((rt * chunks + c) * 32 + lane) * 4 + i).to(tl.uint32, bitcast=True)
-    r = 2 * kh + rh  # the A register (decode_word's output) holding this element
+def _register(word, r):
+    """decode_word's output r (0..3, a tensor) of each word: a bf16x2 pattern, sign -> bit 15 and
+    e1 e0 m -> bits 8..6 of each half (kernels/csrc/nvfp4_tile_decode.cuh)."""
     s3 = (3 * r).to(tl.uint32)
     rot = (word >> s3) | (word << ((32 - s3) % 32))
     left = (word & 0x001B001B) * 0x1084
-    pat = tl.where(r == 3, left, rot) & 0x81C081C0
-    bits = (pat >> (16 * half).to(tl.uint32)) & 0xFFFF  # sign -> bit 15, e1 e0 m -> bits 8..6
-    mag = ((bits >> 6) & 7).to(tl.int32)
-    sign = ((bits >> 15) & 1).to(tl.int32)
-    e, m = mag >> 1, mag & 1
-    vbits = tl.where(mag >= 2, ((e + 126) << 23) | (m << 22), tl.where(mag == 1, 0x3F000000, 0)) | (sign << 31)
-    value = vbits.to(tl.float32, bitcast=True)
+    return tl.where(r == 3, left, rot) & 0x81C081C0
+
+
+@triton.jit
+def _value(half):
+    """One half of a decoded pattern -> its e2m1 value in FP32, built from bits: exponent e1 e0 (0 is
+    the subnormal 0 or 0.5), mantissa m, sign."""
+    e = (half >> 7) & 3
+    normal = ((half & 0x1C0) << 16) + (126 << 23)  # e1 e0 m into FP32's exponent (+126) and mantissa
+    bits = tl.where(e == 0, ((half >> 6) & 1) * 0x3F000000, normal) | ((half & 0x8000) << 16)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_kernel(words_ptr, codes_ptr, out_ptr, row_gs_ptr, gs, chunks, groups, ldo,
+                    ROW_GS: tl.constexpr, CH: tl.constexpr):
+    """Row tile rt, chunks [cb*CH, +CH): out[16 rows, 64*CH] as [row, 16-wide block b, MMA step i],
+    four values a word: (kh, half) = K offset 16b + 4i + 2kh + half, from register r = 2kh + rh."""
+    rt, cb = tl.program_id(0), tl.program_id(1)
+    j = tl.arange(0, 16)[:, None, None]  # row in the tile: 8 * rh + g
+    b = tl.arange(0, 4 * CH)[None, :, None]  # 16-wide K block (one E4M3 scale) in this program
+    i = tl.arange(0, 4)[None, None, :]  # MMA step: 4 K positions of the block
+    rh, g = j // 8, j % 8
+    c, t = cb * CH + b // 4, b % 4  # chunk, and the lane's K quarter of it
+    lane = 4 * g + t
+    word = tl.load(words_ptr + ((rt * chunks + c) * 32 + lane) * 4 + i).to(tl.uint32, bitcast=True)
     code = tl.load(codes_ptr + (((rt * groups + c // 4) * 32 + lane) * 4 + c % 4) * 2 + rh).to(tl.int32)
     sbits = tl.where(code == 0, 0, (((code >> 3) - 10 + 127) << 23) | ((code & 7) << 20))
-    scale = sbits.to(tl.float32, bitcast=True)
     row = 16 * rt + j
     if ROW_GS:
         row_gs = tl.load(row_gs_ptr + row)
     else:
         row_gs = gs
-    w = value * (scale * row_gs)  # dequantize_raw's order: vals * (block_scale * global_scale)
+    scale = sbits.to(tl.float32, bitcast=True) * row_gs  # dequantize_raw's order: vals * (block_scale * gs)
+    lo, hi = _register(word, rh), _register(word, rh + 2)  # kh = 0 and 1
+    vals = tl.join(tl.join(_value(lo & 0xFFFF), _value(lo >> 16)), tl.join(_value(hi & 0xFFFF), _value(hi >> 16)))
+    w = vals.permute(0, 1, 2, 4, 3) * scale[:, :, :, None, None]  # [row, b, i, kh, half]
     # rounded by its bits, then an exact cast: the interpreter's own cast truncates (triton_round.py)
-    # 64 * c + kk written as one contiguous run along q, so the stores vectorize
-    tl.store(out_ptr + row * ldo + cb * (64 * CH) + q, round_to(w, tl.bfloat16).to(tl.bfloat16))
+    w = tl.reshape(round_to(w, tl.bfloat16).to(tl.bfloat16), [16, 64 * CH])
+    tl.store(out_ptr + (16 * rt + tl.arange(0, 16)[:, None]) * ldo + cb * (64 * CH) + tl.arange(0, 64 * CH)[None, :], w)
 
 
 def dequantize_tile(op: TileOperand, global_scale: float = 1.0, row_scale: torch.Tensor | None = None,
