@@ -121,3 +121,26 @@ def test_the_sweeps_crossover_is_the_m_from_which_dequant_wins_throughout():
     assert crossover(rows((2048, 8.0, 6.0), (128, 1.0, 0.9), (512, 2.0, 2.1))) == 2048  # a loss in between
     assert crossover(rows((128, 1.0, 2.0), (4096, 9.0, 9.0))) is None  # a tie is not a win
     assert crossover(rows((128, 2.0, 1.0))) == 128
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph capture needs the GPU")
+def test_the_dequant_path_records_into_a_cuda_graph(monkeypatch):
+    """Where a table row sends M to the dequant path, `prepare` compiles its kernel (nothing compiles
+    inside a capture), and a captured call replays to the eager result bit for bit."""
+    from engine.nvfp4 import Nvfp4Weight
+    from kernels import nvfp4_gemm, table
+
+    if not nvfp4_gemm.tile_available()[0]:
+        pytest.skip(f"tile GEMM: {nvfp4_gemm.tile_available()[1]}")
+    monkeypatch.setattr(table, "DEQUANT_MIN_M", 64)
+    g = torch.Generator().manual_seed(_seed())
+    w = Nvfp4Weight.from_quantized("w", quantize(torch.randn(272, 512, generator=g) * 0.02))
+    w.to("cuda")
+    nvfp4_gemm.prepare(w)
+    x = torch.randn(128, 512, device="cuda").bfloat16()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nvfp4_gemm.matmul(x, w)
+    x.copy_(torch.randn(128, 512, device="cuda"))
+    graph.replay()
+    assert torch.equal(y, nvfp4_gemm.matmul(x, w))
