@@ -164,9 +164,9 @@ def tile_config(m: int, n: int, k: int) -> Config:
 
 # From which M a tile GEMM is "dequantize + cuBLAS" instead (kernels/tile_dequant.py): a per-call BF16
 # copy of the weight and cuBLAS's BF16 GEMM, the path issue 24 says prefill-sized M must never be slower
-# than (the tower shapes at M=256 ran at 0.65-0.82x cuBLAS alone; the copy costs ~2.6 bytes a weight
-# more). Per (N, K): the smallest M of `python -m kernels.tune.dequant_sweep` from which the copy and
-# cuBLAS win at every M measured (its --table prints these rows). Empty: not measured on the H200 yet,
+# than (the tower shapes at M=256 ran at 0.65-0.82x cuBLAS alone; the copy writes 2 bytes a weight that
+# cuBLAS reads back). Per (N, K): the smallest M of `python -m kernels.tune.dequant_sweep` from which the
+# copy and cuBLAS win at every M measured (its JSON's `dequant_by_shape`). Empty: not measured on the H200 yet,
 # so every M stays on the tile kernels. REGATE_DEQUANT_MIN_M=M sets one M for every shape (an A/B);
 # 0 turns the rows off.
 DEQUANT_BY_SHAPE: dict[tuple[int, int], int] = {}
