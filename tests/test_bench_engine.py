@@ -13,7 +13,8 @@ from engine_oracle import tiny
 _register_all()
 
 
-def test_bench_prints_one_json_line_with_the_schema():
+def test_bench_prints_one_json_line_with_the_schema(monkeypatch):
+    monkeypatch.setenv("REGATE_NO_SUCH_SWITCH", "4")  # nothing reads it (a module-level switch would stay set)
     res = CliRunner().invoke(app, ["bench", "--model", str(tiny()), "--batch", "2", "--prompt-len", "5",
                                    "--gen-len", "3", "--iters", "2", "--warmup", "1", "--json"])
     assert res.exit_code == 0, res.output
@@ -27,7 +28,9 @@ def test_bench_prints_one_json_line_with_the_schema():
     assert r["peak_device_bytes"] == 0  # CPU
     eng = Engine(tiny())
     assert r["bytes_per_decode_step"] == eng.residency()["totals"]["bytes_per_decode_step"]
-    assert {"host", "gpu", "driver", "torch", "triton", "head_sha", "tree_dirty"} <= set(r["meta"])
+    assert {"host", "gpu", "driver", "torch", "triton", "head_sha", "tree_dirty", "switches"} <= set(r["meta"])
+    assert r["meta"]["switches"]["REGATE_NO_SUCH_SWITCH"] == "4"
+    assert all(k.startswith("REGATE_") for k in r["meta"]["switches"])
     assert r["params"]["lm_head"] == "packed" and r["params"]["batch"] == 2
     f = r["floor"]
     assert f["weight_bytes"] == r["bytes_per_decode_step"] and f["box_read_gb_s"] > 0

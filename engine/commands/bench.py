@@ -9,6 +9,7 @@ metadata captured automatically. Prompts are synthetic token ids drawn from `--s
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import socket
@@ -60,8 +61,12 @@ def collect_meta(backend: str) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
+    # Every engine and kernel switch set in the environment (REGATE_*): the raw JSON of an A/B says which
+    # variant it is, on its own.
+    switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("REGATE_")}
     meta = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
-            "triton": triton_version, "gpu": None, "driver": None, **git_state(Path(__file__).resolve().parent)}
+            "triton": triton_version, "gpu": None, "driver": None, "switches": switches,
+            **git_state(Path(__file__).resolve().parent)}
     if backend == "cuda" and torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
         driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
