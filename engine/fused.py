@@ -3,6 +3,7 @@
 kernels/gdn_decode.py (Gated DeltaNet's decode step: 2 launches for ~45 torch ops),
 kernels/attention_prep.py (q/k norms, RoPE and the K/V write of an attention layer in one launch),
 kernels/paged_attention.py (paged decode attention over the live tokens only, output gate fused),
+kernels/paged_prefill.py (the same for a prefill's prompts, causal, one launch; behind its switch),
 kernels/decode_norm.py (residual add + RMSNorm, SiLU * up), and for prefill kernels/gdn_prefill.py
 (Gated DeltaNet's conv, delta rule and gated RMSNorm of a whole batch of prompts in 3 launches per
 layer) with attention_prep for the attention layers' prompts; REGATE_FUSED_PREFILL=0 leaves prefill on
@@ -26,6 +27,10 @@ SPLIT_SUM_ENV = "REGATE_SPLIT_SUM_IN_NORM"
 # The decode conv step inside delta_step's launch (kernels/gdn_decode.conv_delta_step): one launch and
 # one kernel boundary fewer per Gated DeltaNet layer. Off until measured on the H200; =1 turns it on.
 CONV_IN_STEP_ENV = "REGATE_CONV_IN_STEP"
+# Prefill attention on one Triton launch per layer (kernels/paged_prefill.py: every prompt of the batch,
+# causal, the output gate fused) instead of the torch loop over sequences (~20 kernels a sequence and
+# layer, issued from the host). Off until the GPU gate and an A/B on the H200 run with it; =1 turns it on.
+PREFILL_ATTENTION_ENV = "REGATE_PREFILL_ATTENTION"
 # The decode step's greedy pick and top-k in two Triton launches (kernels/sample.py) instead of torch's
 # topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary). The same values and
 # ids bit for bit (tests/test_sample.py). Off until an A/B on the H200 shows it; =1 turns it on.
@@ -36,18 +41,21 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     """The kernel functions when this device runs them, else None (the reference path)."""
     if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
         return None
-    from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention
+    from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention, paged_prefill
 
     prefill = os.environ.get(PREFILL_ENV, "1") != "0"
     split_sum_in_norm = os.environ.get(SPLIT_SUM_ENV, "1") != "0"
     conv_in_step = os.environ.get(CONV_IN_STEP_ENV, "0") == "1"
+    prefill_attention = os.environ.get(PREFILL_ATTENTION_ENV, "0") == "1"
     return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_in_step=conv_in_step,
+                           prefill_attention=prefill_attention,
                            conv_prefill=gdn_prefill.conv_prefill,
                            delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
                            conv_delta_step=gdn_decode.conv_delta_step,
                            attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,
+                           paged_prefill_gated=paged_prefill.paged_prefill_gated,
                            rms_norm=decode_norm.rms_norm, add_rms_norm=decode_norm.add_rms_norm,
                            silu_mul=decode_norm.silu_mul)
 

@@ -27,7 +27,7 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import PENDING, Sequence
-from engine.prefill_graphs import PrefillFeed, PrefillGraphs, graph_limit
+from engine.prefill_graphs import PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit
 from engine.scopes import FORWARD, marker, scope
 
 # The per-step rows the host sends. `ids` sits right after `prev_ids` (the last step's picks, by its
@@ -57,6 +57,7 @@ class ModelRunner:
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
         limit = graph_limit() if cuda_graphs else 0
         self.prefill_graphs = PrefillGraphs(self._prefill_forward, device, limit) if limit else None
+        self.prefill_bucket = bucket_tokens()  # 0: prefills run at their own shape
         if cuda_graphs:
             self.capture_decode_graphs()
 
@@ -66,8 +67,13 @@ class ModelRunner:
         for s in seqs:
             if s.token_ids[-1] == PENDING:
                 raise RuntimeError(f"prefill: sequence {s.seq_id}'s last token is still PENDING; read its step first")
-        feed = PrefillFeed.of([s.token_ids for s in seqs], [self.bm.slot_mapping(s, 0, len(s)) for s in seqs],
-                              [s.block_table for s in seqs], [s.state_slot for s in seqs], self.kv.pad_block)
+        args = ([s.token_ids for s in seqs], [self.bm.slot_mapping(s, 0, len(s)) for s in seqs],
+                [s.block_table for s in seqs], [s.state_slot for s in seqs], self.kv.pad_block)
+        if self.prefill_bucket and not all_logits:  # padded to its bucket (engine/prefill_graphs.py)
+            feed = PrefillFeed.bucketed(*args, pad_slot=self.state.pad_slot, block_size=self.bm.block_size,
+                                        multiple=self.prefill_bucket, shared=self.shares_prefill_graphs())
+        else:
+            feed = PrefillFeed.of(*args)
         if self.prefill_graphs is not None and not all_logits:
             logits = self.prefill_graphs.run(feed)
             if logits is not None:
@@ -77,15 +83,21 @@ class ModelRunner:
     def _prefill_forward(self, feed: PrefillFeed, v: dict[str, torch.Tensor], all_logits: bool = False) -> torch.Tensor:
         """The prefill on the device inputs `v` (PrefillFeed.views): eager, or recorded into a graph."""
         lens = list(feed.seq_lens)
-        ctx = Context("prefill", v["positions"], seq_lens=lens, context_lens_host=lens,
+        ctx = Context("prefill", v["positions"], seq_lens=lens, context_lens_host=lens, max_query_len=feed.bound,
                       slot_mapping=v["slot_mapping"], block_tables=v["block_tables"], state_slots=v["state_slots"],
                       kv_cache=self.kv, state_cache=self.state,
                       _varlen=(v["starts"].to(torch.int32), v["token_seqs"].to(torch.int32)))
         with marker(FORWARD):
             hidden = self.model.hidden(v["ids"], ctx)
             if not all_logits:
-                hidden = hidden[v["last"]]
+                hidden = hidden[v["last"][:feed.real]]  # not the padding's
             return self.model.logits(hidden)
+
+    def shares_prefill_graphs(self) -> bool:
+        """Whether the prefill forward reads its sequences' extents from the device alone (the fused
+        prefill kernels, the attention's too), so one graph serves every feed of a bucket's shape."""
+        fused = self.model.fused
+        return fused is not None and fused.prefill and fused.prefill_attention
 
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:
         """One token per sequence (its last) -> (greedy ids, top-k logits, top-k ids), one row each;

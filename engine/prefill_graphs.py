@@ -11,6 +11,14 @@ is the graph's key. The device inputs are one flat buffer (`PrefillFeed`) the ho
 copy before each replay; what is derived from them (cu_seqlens, each token's sequence) is computed
 inside the forward, so the eager path and the graph run the same kernels on the same values.
 
+Buckets (REGATE_PREFILL_BUCKET=N, off by default): a prefill's tokens are padded up to a multiple of
+N by one more sequence that owns only the caches' padding sink (the KV pad block, the state pad slot),
+as decode pads its batch. Where the forward reads its sequences' extents from the device alone (the
+fused prefill kernels with kernels/paged_prefill.py's attention: `shares_graphs`), such a feed's key
+is its shape, (tokens, sequences, width), so every batch of that shape replays one graph, a prompt
+never seen before included; elsewhere the padded feed keys by its lengths as an unpadded one does.
+Eager and replayed prefills of a bucket run at the same padded shape, so they agree bit for bit.
+
 Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
 costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
 keys are held (REGATE_PREFILL_GRAPHS, default 8; 0 turns prefill graphs off), and past that new
@@ -29,22 +37,33 @@ import torch
 
 ENV = "REGATE_PREFILL_GRAPHS"
 DEFAULT_LIMIT = 8
+BUCKET_ENV = "REGATE_PREFILL_BUCKET"
 # The flat buffer's fields, in order; each is `size(B, T, W)` longs.
 FIELDS = (("ids", lambda b, t, w: t), ("positions", lambda b, t, w: t), ("slot_mapping", lambda b, t, w: t),
           ("state_slots", lambda b, t, w: b), ("last", lambda b, t, w: b), ("starts", lambda b, t, w: b + 1),
           ("token_seqs", lambda b, t, w: t), ("block_tables", lambda b, t, w: b * w))
 
 
+def _count(env: str, default: int, what: str) -> int:
+    """A count >= 0 from the environment variable `env`; a clear error naming it otherwise."""
+    raw = os.environ.get(env, str(default))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{env}: expected {what} >= 0, found {raw!r}")
+    return n
+
+
 def graph_limit() -> int:
     """REGATE_PREFILL_GRAPHS: how many prefill shapes may hold a graph (0: none)."""
-    raw = os.environ.get(ENV, str(DEFAULT_LIMIT))
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = -1
-    if limit < 0:
-        raise ValueError(f"{ENV}: expected a count of graphs >= 0, found {raw!r}")
-    return limit
+    return _count(ENV, DEFAULT_LIMIT, "a count of graphs")
+
+
+def bucket_tokens() -> int:
+    """REGATE_PREFILL_BUCKET: pad a prefill's tokens up to a multiple of this many (0: no padding)."""
+    return _count(BUCKET_ENV, 0, "a token count")
 
 
 @dataclass(frozen=True)
@@ -54,13 +73,16 @@ class PrefillFeed:
     seq_lens: tuple[int, ...]
     width: int  # block table columns (the batch's longest table; shorter rows padded with the sink block)
     values: tuple[int, ...]
+    padded: bool = False  # the last sequence is padding (`bucketed`): its logits are not asked for
+    shared: bool = False  # keyed by shape alone: the forward reads the sequences' extents from the device
 
     @classmethod
     def of(cls, token_ids: list[list[int]], slot_mappings: list[list[int]], block_tables: list[list[int]],
-           state_slots: list[int], pad_block: int) -> "PrefillFeed":
-        """From each sequence's tokens, KV slots, block table and state slot."""
+           state_slots: list[int], pad_block: int, width: int = 0) -> "PrefillFeed":
+        """From each sequence's tokens, KV slots, block table and state slot; `width`: at least this
+        many block table columns."""
         lens = tuple(len(t) for t in token_ids)
-        width = max(len(bt) for bt in block_tables)
+        width = max([width] + [len(bt) for bt in block_tables])
         starts = [0]
         for n in lens:
             starts.append(starts[-1] + n)
@@ -80,9 +102,42 @@ class PrefillFeed:
                                  f"{size(len(lens), starts[-1], width)} (lengths {lens}, width {width})")
         return cls(lens, width, tuple(v for name, _ in FIELDS for v in fields[name]))
 
+    @classmethod
+    def bucketed(cls, token_ids: list[list[int]], slot_mappings: list[list[int]], block_tables: list[list[int]],
+                 state_slots: list[int], pad_block: int, *, pad_slot: int, block_size: int, multiple: int,
+                 shared: bool) -> "PrefillFeed":
+        """`of` with one more sequence that pads the tokens up to a multiple of `multiple`: token 0 at
+        positions 0.., its K/V in the pad block, its state in `pad_slot`; the block tables as wide as
+        the bucket, so a bucket's feeds have one width. `shared`: key by shape; such a feed has the
+        padding sequence even where it is empty (the kernels take empty sequences, the reference's
+        convolution does not, so an unshared feed that fits its bucket goes unpadded)."""
+        if multiple < 1:
+            raise ValueError(f"PrefillFeed.bucketed: multiple must be >= 1, found {multiple}")
+        total = sum(len(t) for t in token_ids)
+        n = -(-total // multiple) * multiple - total
+        if n == 0 and not shared:
+            return cls.of(token_ids, slot_mappings, block_tables, state_slots, pad_block)
+        width = -(-(total + n) // block_size)  # the longest sequence (the padding's included) fits the bucket
+        feed = cls.of(list(token_ids) + [[0] * n], list(slot_mappings) + [[pad_block * block_size + p % block_size
+                                                                           for p in range(n)]],
+                      list(block_tables) + [[]], list(state_slots) + [pad_slot], pad_block, width=width)
+        return cls(feed.seq_lens, feed.width, feed.values, padded=True, shared=shared)
+
     @property
-    def key(self) -> tuple[tuple[int, ...], int]:
+    def key(self) -> tuple:
+        if self.shared:
+            return ("bucket", sum(self.seq_lens), len(self.seq_lens)), self.width
         return self.seq_lens, self.width
+
+    @property
+    def real(self) -> int:
+        """The sequences whose logits are asked for (all but the padding)."""
+        return len(self.seq_lens) - self.padded
+
+    @property
+    def bound(self) -> int:
+        """No sequence of any feed of this key is longer (the attention kernel's grid)."""
+        return sum(self.seq_lens) if self.shared else max(self.seq_lens)
 
     def views(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """The named fields of a flat long buffer holding `values` (views, no copies)."""

@@ -29,6 +29,26 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def kv_step(q, k_ptr, v_ptr, bt_row, t, in_ctx, see, m_i, l_i, acc, scale, kvh, d, s_kblk, s_ktok, s_kh,
+            BS: tl.constexpr, IEEE: tl.constexpr, dt: tl.constexpr):
+    """One step of the online softmax: the keys at positions t (`in_ctx`: held by the context) read
+    through the block table row `bt_row`; `see` [rows, keys]: which query row attends to which key.
+    Returns the rows' new (max, sum, accumulator)."""
+    blk = tl.load(bt_row + t // BS, mask=in_ctx, other=0).to(tl.int64)
+    off = blk[:, None] * s_kblk + (t % BS)[:, None] * s_ktok + kvh * s_kh + d[None, :]
+    k = tl.load(k_ptr + off, mask=in_ctx[:, None], other=0.0)
+    v = tl.load(v_ptr + off, mask=in_ctx[:, None], other=0.0)
+    s = _round(_round(_dot(q, tl.trans(k), IEEE), dt) * scale, dt)
+    s = tl.where(see, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(_round(p, dt).to(dt), v, IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr, scale,
                         s_qb, s_qh, s_kblk, s_ktok, s_kh, s_bt, s_gb, s_gh, s_out,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
@@ -52,18 +72,8 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr
     while start < n:  # not `for ... range(0, n, TILE)`: the CPU interpreter cannot index by a loaded scalar
         t = start + tl.arange(0, TILE)
         live = t < n
-        blk = tl.load(bt_ptr + b * s_bt + t // BS, mask=live, other=0).to(tl.int64)
-        off = blk[:, None] * s_kblk + (t % BS)[:, None] * s_ktok + kvh * s_kh + d[None, :]
-        k = tl.load(k_ptr + off, mask=live[:, None], other=0.0)
-        v = tl.load(v_ptr + off, mask=live[:, None], other=0.0)
-        s = _round(_round(_dot(q, tl.trans(k), IEEE), dt) * scale, dt)
-        s = tl.where(live[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(_round(p, dt).to(dt), v, IEEE)
-        m_i = m_new
+        m_i, l_i, acc = kv_step(q, k_ptr, v_ptr, bt_ptr + b * s_bt, t, live, live[None, :], m_i, l_i, acc, scale,
+                                kvh, d, s_kblk, s_ktok, s_kh, BS, IEEE, dt)
         start += TILE
     o = _round(acc / tl.where(l_i > 0, l_i, 1.0)[:, None], dt)  # a padding row (no live token) gives 0, not NaN
     cols = heads[:, None] * D + d[None, :]

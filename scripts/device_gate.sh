@@ -229,7 +229,8 @@ stage_ab() {
   for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-REGATE_PDL=1 REGATE_PDL=0}; do
     tag=$(echo "$V" | tr ',=' '_-'); f="/tmp/ab-bench-${L}L-b$B-$tag-leg$leg"
     env $(echo "$V" | tr ',' ' ') PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
-      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>"$f.err" | tail -1 > "$f.json"
+      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 ${AB_BENCH_ARGS:-} --json 2>"$f.err" \
+      | tail -1 > "$f.json"
     $PY -c "
 import json; r = json.load(open('$f.json')); p = r['params']
 open('$OUT/ab-benches.jsonl', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')

@@ -6,7 +6,7 @@ import json
 from typer.testing import CliRunner
 
 from engine.cli import _register_all, app
-from engine.commands.bench import SCHEMA_VERSION, synthetic_prompts
+from engine.commands.bench import SCHEMA_VERSION, run_prompts, synthetic_prompts
 from engine.engine import Engine
 from engine_oracle import tiny
 
@@ -55,6 +55,31 @@ def test_the_decode_floor_counts_state_once_each_way_and_the_live_kv_once():
 def test_bench_refuses_a_run_without_decode_steps():
     res = CliRunner().invoke(app, ["bench", "--model", str(tiny()), "--gen-len", "1", "--json"])
     assert res.exit_code == 2 and "gen-len >= 2" in res.output
+
+
+def test_one_off_prompts_are_new_and_a_token_shorter_each_run():
+    same = [run_prompts(2, 9, 512, 7, i, one_off=False) for i in range(3)]
+    assert same[0] == same[1] == same[2] == synthetic_prompts(2, 9, 512, seed=7)
+    fresh = [run_prompts(2, 9, 512, 7, i, one_off=True) for i in range(3)]
+    assert [len(p[0]) for p in fresh] == [9, 8, 7] and all(len(p) == 2 for p in fresh)
+    assert fresh[1] != [p[:8] for p in fresh[0]]  # not a prefix of the run before: drawn anew
+
+
+def test_bench_with_one_off_prompts_records_it_and_refuses_prompts_too_short(monkeypatch):
+    from engine.commands import bench
+
+    seen = []
+    real = Engine.generate
+
+    def spy(self, prompts, *args, **kwargs):
+        seen.append(tuple(len(p) for p in prompts))
+        return real(self, prompts, *args, **kwargs)
+    monkeypatch.setattr(Engine, "generate", spy)
+    r = bench.run_bench(tiny(), "cpu", "packed", 2, 6, 3, 2, 1, 0, one_off=True)
+    assert seen == [(6, 6), (5, 5), (4, 4)] and r["params"]["one_off_prompts"] is True
+    res = CliRunner().invoke(app, ["bench", "--model", str(tiny()), "--prompt-len", "3", "--iters", "3",
+                                   "--one-off-prompts", "--json"])
+    assert res.exit_code == 2 and "prompt-len 3 must be >= warmup + iters = 4" in res.output
 
 
 def test_synthetic_prompts_are_seeded():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
 triton = pytest.importorskip("triton")
-from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention  # noqa: E402
+from kernels import attention_prep, decode_norm, gdn_decode, gdn_prefill, paged_attention, paged_prefill  # noqa: E402
 from engine.model.attention import paged_decode_attention  # noqa: E402
 from engine.model.rope import Rope, apply_rope  # noqa: E402
 from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
@@ -380,11 +380,17 @@ def test_attention_prep_refuses_what_it_cannot_index():
                                       torch.zeros(1, dtype=torch.long), cache, cache)
 
 
-@pytest.mark.parametrize("conv_in_step", [False, True])
-def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, conv_in_step):
+@pytest.mark.parametrize("conv_in_step, prefill_attention, bucket", [
+    (False, False, 0), (True, False, 0), (False, True, 0), (False, True, 16), (False, True, 47)])
+def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, conv_in_step, prefill_attention,
+                                                                   bucket):
     """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
     greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; with the
-    conv step in delta_step's launch too (conv_delta_step instead of conv_step + delta_step)."""
+    conv step in delta_step's launch too (conv_delta_step instead of conv_step + delta_step), with
+    the prefill's attention on its kernel (kernels/paged_prefill.py), and so with the prefill padded
+    to a bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to
+    47 (an empty padding sequence)."""
+    from engine.prefill_graphs import BUCKET_ENV
     from types import SimpleNamespace
 
     from engine import fused
@@ -402,21 +408,26 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, conv_in_step=conv_in_step, **{name: counted(name, fn) for name, fn in (
+    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, conv_in_step=conv_in_step,
+                              prefill_attention=prefill_attention, **{name: counted(name, fn) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
         ("conv_delta_step", gdn_decode.conv_delta_step),
-        ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated), ("rms_norm", decode_norm.rms_norm),
+        ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated),
+        ("paged_prefill_gated", paged_prefill.paged_prefill_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
     monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
+    monkeypatch.setenv(BUCKET_ENV, str(bucket))
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
+    assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs() == prefill_attention
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     gdn_layers = sum(1 for layer in eng.model.layers if hasattr(layer.mixer, "state_index"))
     # one prefill of the three prompts, its attention layers' norms, RoPE and K/V writes in attention_prep too
     assert calls["conv_prefill"] == calls["delta_prefill"] == calls["gated_rms_norm"] == gdn_layers
+    assert calls.get("paged_prefill_gated", 0) == (layers - gdn_layers if prefill_attention else 0)
     if conv_in_step:  # the two decode kernels are never called; the one fused call is, once per layer and step
         assert "delta_step" not in calls and "conv_step" not in calls
         calls["delta_step"] = calls["conv_step"] = calls.pop("conv_delta_step")
@@ -438,6 +449,11 @@ def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path(monkeypatch):
     assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
     on = fused.fused_kernels(torch.device("cuda"))  # picks functions only; nothing runs on a device here
     assert on is not None and on.delta_step is gdn_decode.delta_step
+    assert on.paged_prefill_gated is paged_prefill.paged_prefill_gated
+    monkeypatch.delenv(fused.PREFILL_ATTENTION_ENV, raising=False)
+    assert not fused.fused_kernels(torch.device("cuda")).prefill_attention  # off until the H200 measures it
+    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
+    assert fused.fused_kernels(torch.device("cuda")).prefill_attention
     monkeypatch.setenv(fused.ENV, "0")
     assert fused.fused_kernels(torch.device("cuda")) is None
 

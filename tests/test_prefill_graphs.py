@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.prefill_graphs import ENV, PrefillFeed, PrefillGraphs, graph_limit
+from engine.prefill_graphs import BUCKET_ENV, ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit
 from engine_oracle import tiny
 
 PROMPTS = [[5, 17, 400, 3, 3, 91, 250], [42, 7], [1, 2, 3]]
@@ -42,6 +42,57 @@ def test_a_feed_whose_fields_disagree_is_refused():
         PrefillFeed.of([[9, 8, 7], [6, 5]], [[32, 33, 34], [48, 49]], [[2], [3]], [0], pad_block=99)
 
 
+def bucketed(lens, multiple, shared=True) -> PrefillFeed:
+    ids = [[i + 1] * n for i, n in enumerate(lens)]
+    slots = [list(range(16 * i, 16 * i + n)) for i, n in enumerate(lens)]
+    tables = [[i] * -(-n // 4) for i, n in enumerate(lens)]
+    return PrefillFeed.bucketed(ids, slots, tables, list(range(len(lens))), pad_block=99, pad_slot=7, block_size=4,
+                                multiple=multiple, shared=shared)
+
+
+def test_a_bucketed_feed_pads_its_tokens_with_a_sequence_of_the_sinks():
+    f = bucketed([3, 2], 8)
+    assert f.seq_lens == (3, 2, 3) and f.real == 2 and f.padded and f.width == 2  # 8 tokens: 2 blocks of 4
+    v = f.views(torch.tensor(f.values))
+    assert v["ids"].tolist() == [1, 1, 1, 2, 2, 0, 0, 0]
+    assert v["positions"].tolist() == [0, 1, 2, 0, 1, 0, 1, 2]
+    assert v["slot_mapping"].tolist()[5:] == [396, 397, 398]  # pad block 99 x block size 4, by position
+    assert v["state_slots"].tolist() == [0, 1, 7] and v["last"].tolist() == [2, 4, 7]
+    assert v["block_tables"].tolist() == [[0, 99], [1, 99], [99, 99]]
+    assert f.key == (("bucket", 8, 3), 2) and f.bound == 8  # any sequence of the bucket may be 8 long
+
+
+def test_prompts_of_one_bucket_share_a_key_and_an_exact_fit_pads_with_an_empty_sequence():
+    assert bucketed([3, 2], 8).key == bucketed([1, 6], 8).key == bucketed([4, 4], 8).key
+    assert bucketed([3, 2], 8).key != bucketed([3, 2, 1], 8).key  # another batch size
+    exact = bucketed([4, 4], 8)
+    assert exact.seq_lens == (4, 4, 0) and exact.real == 2
+    assert exact.views(torch.tensor(exact.values))["last"].tolist()[:2] == [3, 7]
+    unshared = bucketed([3, 2], 8, shared=False)  # a forward that reads host lengths: keyed by them
+    assert unshared.key == ((3, 2, 3), 2) and unshared.bound == 3
+    fits = bucketed([4, 4], 8, shared=False)  # nothing to pad, and the reference takes no empty sequence
+    assert fits.seq_lens == (4, 4) and fits.real == 2 and not fits.padded
+    with pytest.raises(ValueError, match="multiple must be >= 1"):
+        bucketed([3], 0)
+
+
+def test_bucketed_prefills_on_the_cpu_give_the_unpadded_tokens(monkeypatch):
+    """The padding sequence writes only the sinks: the same greedy tokens, and top-k logits within
+    FP32 noise (the reference path's matmuls at another M), with a prompt that fills its bucket."""
+    monkeypatch.delenv(BUCKET_ENV, raising=False)
+    want = Engine(tiny(), max_num_seqs=4, max_model_len=64)
+    assert want.runner().prefill_bucket == 0  # the runner, made on first use, reads the switch now
+    monkeypatch.setenv(BUCKET_ENV, "16")
+    padded = Engine(tiny(), max_num_seqs=4, max_model_len=64)
+    for prompts in (PROMPTS, [list(range(30, 46))]):  # 12 tokens padded by 4; 16 exactly (an empty pad)
+        assert padded.generate(prompts, 6) == want.generate(prompts, 6)
+        for a, b in zip(padded.last_topk, want.last_topk):
+            assert [t.ids for t in a] == [t.ids for t in b]
+            torch.testing.assert_close(torch.tensor([t.logits for t in a]), torch.tensor([t.logits for t in b]),
+                                       rtol=1e-4, atol=1e-4)
+    assert padded.runner().prefill_bucket == 16 and not padded.runner().shares_prefill_graphs()
+
+
 def test_a_shape_is_captured_the_second_time_and_replayed_after():
     g = PrefillGraphs(lambda f, v: None, torch.device("cpu"), limit=1)
     assert [g.decide("a"), g.decide("b")] == ["eager", "eager"]
@@ -60,15 +111,18 @@ def test_nothing_is_captured_while_the_profiler_records():
     assert g.decide("a") == "capture"
 
 
-def test_the_graph_limit_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
-    assert graph_limit() == 8
-    monkeypatch.setenv(ENV, "0")
-    assert graph_limit() == 0
+@pytest.mark.parametrize("env, read, default, what", [(ENV, graph_limit, 8, "a count of graphs"),
+                                                      (BUCKET_ENV, bucket_tokens, 0, "a token count")])
+def test_the_graph_limit_and_the_bucket_come_from_the_environment(monkeypatch, env, read, default, what):
+    monkeypatch.delenv(env, raising=False)
+    assert read() == default
+    for value in (0, 64):
+        monkeypatch.setenv(env, str(value))
+        assert read() == value
     for bad in ("-1", "many"):
-        monkeypatch.setenv(ENV, bad)
-        with pytest.raises(ValueError, match=f"{ENV}: expected a count of graphs >= 0, found '{bad}'"):
-            graph_limit()
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match=f"{env}: expected {what} >= 0, found '{bad}'"):
+            read()
 
 
 def test_the_cpu_engine_holds_no_prefill_graphs():
@@ -103,3 +157,27 @@ def test_a_replayed_prefill_equals_the_eager_one(arm, monkeypatch):
     for prompts in (other, PROMPTS[:1], PROMPTS[:1], other, PROMPTS[:1]):
         assert graphs.generate(prompts, 4) == eager.generate(prompts, 4)
     assert len(graphs.runner().prefill_graphs.graphs) == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_bucketed_graph_serves_prompts_it_never_saw(monkeypatch):
+    """Buckets of 32 tokens with the prefill attention kernel: batches of three prompts of other
+    lengths (one never asked for before) replay one graph, and every token and top-k logit equals
+    an engine that pads the same way but never replays."""
+    from engine import fused
+
+    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
+    monkeypatch.setenv(BUCKET_ENV, "32")
+    monkeypatch.setenv(ENV, "0")
+    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    assert eager.runner().prefill_graphs is None and eager.runner().prefill_bucket == 32
+    monkeypatch.setenv(ENV, "8")
+    graphs = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    assert graphs.runner().shares_prefill_graphs()
+    batches = [PROMPTS, PROMPTS, [[3] * 9, [8, 9], [77] * 5], [[1] * 20, [2] * 3, [4]]]  # 12, 12, 16, 24 tokens
+    for i, prompts in enumerate(batches):
+        assert graphs.generate(prompts, 4) == eager.generate(prompts, 4), i
+        for a, b in zip(graphs.last_topk, eager.last_topk):
+            assert [t.logits for t in a] == [t.logits for t in b], i  # bit for bit: the same padded shape
+    assert len(graphs.runner().prefill_graphs.graphs) == 1

@@ -4,7 +4,9 @@ Prints a table for people (stderr when --json) and ONE JSON line for machines (s
 decode_tok_s (median over iterations) and every iteration's, ms_per_step, prefill_ms (median) and every
 iteration's (the first of a shape runs eagerly, its second captures a graph: engine/prefill_graphs.py), peak host
 RSS, peak device memory, bytes_per_decode_step (from the residency table) and achieved GB/s, and
-metadata captured automatically. Prompts are synthetic token ids drawn from `--seed`.
+metadata captured automatically. Prompts are synthetic token ids drawn from `--seed`, the same every run;
+with `--one-off-prompts` each run's (warm-up included) are new and one token shorter than the run's
+before, so no prefill repeats a shape asked for before: the prefill a user's new prompt gets.
 """
 from __future__ import annotations
 
@@ -28,6 +30,14 @@ SCHEMA_VERSION = 1
 def synthetic_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)]
+
+
+def run_prompts(batch: int, prompt_len: int, vocab: int, seed: int, run: int, one_off: bool) -> list[list[int]]:
+    """Run `run`'s prompts (warm-up runs first, from 0): the same each run, or with `one_off`, drawn
+    anew at prompt_len - run tokens."""
+    if not one_off:
+        return synthetic_prompts(batch, prompt_len, vocab, seed)
+    return synthetic_prompts(batch, prompt_len - run, vocab, seed + run)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
@@ -75,7 +85,7 @@ def collect_meta(backend: str) -> dict:
 
 
 def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: int, gen_len: int, iters: int,
-              warmup: int, seed: int) -> dict:
+              warmup: int, seed: int, one_off: bool = False) -> dict:
     import torch
 
     from engine.attribution.traffic import read_bandwidth
@@ -88,6 +98,9 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     if gen_len < 2 or batch < 1 or prompt_len < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, prompt-len >= 1, gen-len >= 2 (decode steps), iters >= 1, "
                          f"warmup >= 0; got {batch}, {prompt_len}, {gen_len}, {iters}, {warmup}")
+    if one_off and prompt_len < warmup + iters:
+        raise ValueError(f"--one-off-prompts shortens each run's prompts by a token: prompt-len {prompt_len} must "
+                         f"be >= warmup + iters = {warmup + iters}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
                  max_model_len=prompt_len + gen_len)
     has_gemm, why = fp4_gemm_status(backend)
@@ -96,13 +109,13 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         raise RuntimeError(f"the packed arm on cuda would run its lm_head on a BF16 operand (no fp4 GEMM: "
                            f"{why or 'the head is not an NVFP4 Linear on it'}); a packed leg measured that way "
                            "is the dequant arm under another name, so no number is reported")
-    prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
-    for _ in range(warmup):
-        eng.generate(prompts, gen_len)
+    vocab = eng.model.config.vocab_size
+    for i in range(warmup):
+        eng.generate(run_prompts(batch, prompt_len, vocab, seed, i, one_off), gen_len)
     runs = []
-    for _ in range(iters):
+    for i in range(warmup, warmup + iters):
         stats: dict = {}
-        eng.generate(prompts, gen_len, stats=stats)
+        eng.generate(run_prompts(batch, prompt_len, vocab, seed, i, one_off), gen_len, stats=stats)
         runs.append(stats)
     tok_s = [r["decode_tokens"] / r["decode_s"] for r in runs]
     ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
@@ -122,6 +135,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "floor": floor,
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
+                   "one_off_prompts": one_off,
                    "naming": eng.naming, "head_kind": eng.head_kind, "fp4_gemm": has_gemm,
                    "fp4_gemm_reason": why, "head_fp4_gemm": on_gemm, "cuda_graphs": bool(eng.runner().graphs),
                    "prefill_graphs": len(eng.runner().prefill_graphs.graphs) if eng.runner().prefill_graphs else 0,
@@ -156,10 +170,13 @@ def bench_cmd(
     iters: int = typer.Option(3, "--iters"),
     warmup: int = typer.Option(1, "--warmup"),
     seed: int = typer.Option(0, "--seed"),
+    one_off: bool = typer.Option(False, "--one-off-prompts",
+                                 help="New prompts each run, a token shorter than the last run's (no prefill "
+                                      "shape repeats)."),
     as_json: bool = typer.Option(False, "--json", help="Table to stderr, one JSON line to stdout."),
 ) -> None:
     try:
-        result = run_bench(model, backend, lm_head, batch, prompt_len, gen_len, iters, warmup, seed)
+        result = run_bench(model, backend, lm_head, batch, prompt_len, gen_len, iters, warmup, seed, one_off)
     except (CheckpointError, CapacityError, ValueError, RuntimeError) as e:
         typer.echo(f"bench: {e}", err=True)
         raise typer.Exit(2)

@@ -16,6 +16,7 @@ class Context:
     positions: torch.Tensor  # [T] long
     seq_lens: list[int] = field(default_factory=list)  # prefill: query tokens per sequence (host ints)
     context_lens_host: list[int] = field(default_factory=list)  # prefill: tokens in cache after the step
+    max_query_len: int | None = None  # prefill: no sequence has more query tokens (a kernel grid's bound)
     slot_mapping: torch.Tensor | None = None  # [T] long: KV slot of each token (block * block_size + off)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] long
     context_lens: torch.Tensor | None = None  # [B] long, decode
