@@ -8,8 +8,9 @@
 #          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
 #   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
 #          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
-#   normsweep  the residual add + RMSNorm's warps a row (kernels/tune/norm_sweep.py; NORM_BATCHES default "1,16",
-#          NORM_SPLITS default "0,4,7"), each checked against the engine's launch, as graph replays
+#   normsweep  the residual add + RMSNorm's warps and programs a row (kernels/tune/norm_sweep.py; NORM_BATCHES
+#          default "1,16", NORM_SPLITS default "0,4,7", NORM_CHUNKS default "1,2,5,10,20,40"), each checked
+#          against the one-program launch, as graph replays
 #   dequantsweep  dequantize + cuBLAS against the tile kernels at prefill-sized M (kernels/tune/dequant_sweep.py;
 #          DEQUANT_MS, default "128,256,512,1024,2048,4096"): the crossovers for kernels/table.py DEQUANT_BY_SHAPE
 #   readfloor  what a plain read of each 27B GEMM's bytes costs (kernels/tune/read_floor.py), beside the tile GEMM
@@ -72,7 +73,8 @@ stage_readfloor() {
   head -n -1 "$OUT/readfloor.txt"; tail -1 "$OUT/readfloor.txt" > "$OUT/readfloor.json"
 }
 stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }
-stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}"; }
+stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}" \
+  --chunks "${NORM_CHUNKS:-1,2,5,10,20,40}"; }
 stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
   $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"

@@ -290,6 +290,44 @@ def test_add_rms_norm_sums_split_k_partials_as_the_reduce_kernel_does(splits):
         decode_norm.add_rms_norm(h[:2].to(DEV), d, w.to(DEV), 1e-6)
 
 
+@pytest.mark.parametrize("chunks, splits, rows", [(2, 0, 1), (5, 4, 1), (8, 7, 3), (40, 7, 16), (3, 0, 2)])
+def test_a_row_spread_over_programs_gives_the_one_program_rows(chunks, splits, rows):
+    """add_rms_norm with `chunks` programs a row (REGATE_NORM_CHUNKS): the residual bit for bit, the
+    normed row within 1 BF16 ulp of the one-program kernel's (the sum of squares in chunk order), twice
+    in a row (the arrival counts are left at zero); past CHUNKED_MAX_ROWS rows the one-program kernel."""
+    from kernels.tile_gemm import SplitSum
+
+    g = torch.Generator().manual_seed(chunks * 10 + splits)
+    n = 5120 if chunks != 3 else 300  # 300 in chunks of 128: 3 programs, the last one part masked
+    h, w = (torch.randn(rows, n, generator=g) * 3).to(BF16), (torch.randn(n, generator=g) * 0.1).to(BF16)
+    if splits:
+        d = SplitSum((torch.randn(splits, rows, n, generator=g) * 40.0).to(DEV), n, 3e-3)
+    else:
+        d = torch.randn(rows, n, generator=g).to(BF16).to(DEV)
+    ref_res, ref_out = decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=1)
+    for _ in range(2):
+        res, out = decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=chunks)
+        assert torch.equal(res, ref_res) and _ulps(out.cpu(), ref_out.cpu()).max() <= 1.0
+        assert not decode_norm.arrival_counters(DEV).any()
+    assert _ulps(out.cpu(), RMSNorm(w, 1e-6)(ref_res.cpu())).max() <= 1.0
+    with pytest.raises(ValueError, match="chunks=0 must be >= 1"):
+        decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=0)
+
+
+def test_the_chunked_norm_serves_few_rows_only(monkeypatch):
+    """More rows than CHUNKED_MAX_ROWS (a prefill) take the one-program kernel: its launch, not the chunked one."""
+    launched = []
+    for name in ("add_rms_norm_kernel", "add_rms_norm_chunk_kernel"):
+        kern = getattr(decode_norm, name)
+        monkeypatch.setattr(decode_norm, name, type("Spy", (), {"__getitem__": lambda self, grid, k=kern, n=name: (
+            launched.append((n, grid)), k[grid])[1]})())
+    h = torch.randn(decode_norm.CHUNKED_MAX_ROWS + 1, 256).to(BF16).to(DEV)
+    w = torch.zeros(256).to(BF16).to(DEV)
+    decode_norm.add_rms_norm(h, h, w, 1e-6, chunks=4)
+    decode_norm.add_rms_norm(h[:2], h[:2], w, 1e-6, chunks=4)
+    assert launched == [("add_rms_norm_kernel", (17,)), ("add_rms_norm_chunk_kernel", (2, 4))]
+
+
 @pytest.mark.parametrize("warps", [1, 4, 16, 32])
 def test_add_rms_norm_at_any_warp_count_matches_the_reference(warps):
     """kernels/tune/norm_sweep.py's launches: every warp count it times gives the reference's row (on a

@@ -66,3 +66,12 @@ def test_the_read_floor_kernel_xors_each_programs_slice():
     x = torch.randint(-2**31, 2**31 - 1, (2 * 256 * 4 + 77,), dtype=torch.int32)
     for block, loads in ((256, 4), (512, 1)):
         assert torch.equal(read(x.to(dev), block, loads, 4).cpu(), xor_reference(x, block * loads))
+
+
+def test_the_norm_sweep_times_every_warp_count_for_one_program_and_4_or_8_for_more():
+    from kernels import decode_norm
+    from kernels.tune.norm_sweep import launches
+
+    got = launches([1, 5])
+    assert got[:len(decode_norm.WARPS)] == [(1, w) for w in decode_norm.WARPS]
+    assert got[len(decode_norm.WARPS):] == [(5, 4), (5, 8)]
