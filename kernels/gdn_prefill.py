@@ -162,23 +162,32 @@ def conv_prefill(qkv: torch.Tensor, cu_seqlens: torch.Tensor, token_seqs: torch.
     return mixed
 
 
+# A program's state columns and warps: one program per (sequence, value head, BLOCK_V columns) walks
+# the prompt token by token. kernels/tune/delta_prefill_sweep.py times the others on the H200.
+BLOCK_V, WARPS = 32, 4
+WARP_COUNTS = (1, 2, 4, 8)
+
+
 def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,
                   rec_cache: torch.Tensor | None, slots: torch.Tensor | None, A_log: torch.Tensor,
                   dt_bias: torch.Tensor, *, num_k_heads: int, head_k_dim: int, head_v_dim: int,
-                  block_v: int = 32) -> torch.Tensor:
+                  block_v: int = BLOCK_V, num_warps: int = WARPS) -> torch.Tensor:
     """mixed [T, C] (post-conv q|k|v, sequences by cu_seqlens [B+1] int32); b, a [T, Hv] -> the core
     output o [T, Hv*Dv] in mixed's dtype (before the gated RMSNorm). With rec_cache [S, Hv, Dk, Dv] FP32,
-    each sequence's final state is written to its slot of `slots` [B]."""
+    each sequence's final state is written to its slot of `slots` [B]. `block_v`, `num_warps`: a
+    program's state columns and warps."""
     n, hv = b.shape
     bv = min(block_v, head_v_dim)
     if head_v_dim % bv or head_k_dim & (head_k_dim - 1) or bv & (bv - 1):
         raise ValueError(f"delta_prefill: head_k_dim {head_k_dim} and block {bv} must be powers of two "
                          f"dividing head_v_dim {head_v_dim}")
+    if num_warps not in WARP_COUNTS:
+        raise ValueError(f"delta_prefill: num_warps={num_warps} must be one of {WARP_COUNTS}")
     out = torch.empty(n, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
     store = rec_cache is not None
     rec = rec_cache if store else out  # unused when not storing
     delta_prefill_kernel[(cu_seqlens.numel() - 1, hv, head_v_dim // bv)](
         mixed, b, a, cu_seqlens, slots if store else cu_seqlens, rec, A_log, dt_bias, out, num_k_heads * head_k_dim,
         head_k_dim**0.5, mixed.stride(0), b.stride(0), a.stride(0), rec.stride(0), out.stride(0),
-        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, BV=bv, STORE_STATE=store, num_warps=4)
+        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, BV=bv, STORE_STATE=store, num_warps=num_warps)
     return out

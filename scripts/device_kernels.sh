@@ -6,6 +6,8 @@
 #   splitsweep  time the split-K policies (SWEEP_MS, SWEEP_WAVES) at the 27B decode shapes
 #   deltasweep  every split of the decode delta rule over programs and warps (kernels/tune/delta_sweep.py;
 #          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
+#   prefillsweep  the prefill delta rule's state columns and warps a program (kernels/tune/delta_prefill_sweep.py;
+#          PREFILL_BATCHES, default "1,16", 128-token prompts), each checked against the engine's launch, then timed
 #   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
 #          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
 #   normsweep  the residual add + RMSNorm's warps and programs a row (kernels/tune/norm_sweep.py; NORM_BATCHES
@@ -56,6 +58,10 @@ stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES x SPLIT_EVEN at
 stage_deltasweep() {  # kernels/tune/delta_sweep.py (issue 24: the batch-16 delta rule, 2.26 ms of a 9.6 ms step)
   $PY -m kernels.tune.delta_sweep --batches "${DELTA_BATCHES:-1,16}" > "$OUT/deltasweep.txt" || return 1
   head -n -1 "$OUT/deltasweep.txt"; tail -1 "$OUT/deltasweep.txt" > "$OUT/deltasweep.json"
+}
+stage_prefillsweep() {  # kernels/tune/delta_prefill_sweep.py (issue 24: ~5 ms of a 64-layer batch-1 prefill)
+  $PY -m kernels.tune.delta_prefill_sweep --batches "${PREFILL_BATCHES:-1,16}" > "$OUT/prefillsweep.txt" || return 1
+  head -n -1 "$OUT/prefillsweep.txt"; tail -1 "$OUT/prefillsweep.txt" > "$OUT/prefillsweep.json"
 }
 stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field libraries by measurement)
   [ -d /tmp/fla-site/fla ] || $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \

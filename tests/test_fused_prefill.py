@@ -75,6 +75,31 @@ def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, le
     assert torch.equal(rec_k.cpu()[untouched], rec[untouched])
 
 
+@pytest.mark.parametrize("block_v, warps", [(8, 1), (16, 2), (64, 8), (32, 4)])
+def test_delta_prefill_at_any_launch_shape_gives_the_default_launchs_values(block_v, warps):
+    """kernels/tune/delta_prefill_sweep.py's launches: outputs within 1 BF16 ulp and states within FP32
+    reordering of the engine's (BLOCK_V, WARPS) launch; a warp count not in WARP_COUNTS is refused."""
+    g = torch.Generator().manual_seed(block_v + warps)
+    hk, hv, dk, dv, lens = 2, 4, 32, 64, [3, 40]
+    t = sum(lens)
+    mixed = torch.randn(t, 2 * hk * dk + hv * dv, generator=g).to(BF16).to(DEV)
+    b, a = (torch.randn(t, hv, generator=g).to(BF16).to(DEV) for _ in range(2))
+    a_log, dt_bias = (torch.randn(hv, generator=g).to(BF16).to(DEV) * 0.5 for _ in range(2))
+    cu = torch.tensor([0, 3, 43], dtype=torch.int32).to(DEV)
+    slots = torch.tensor([1, 0]).to(DEV)
+    outs, states = [], []
+    for bv, w in ((gdn_prefill.BLOCK_V, gdn_prefill.WARPS), (block_v, warps)):
+        rec = torch.zeros(2, hv, dk, dv).to(DEV)
+        outs.append(gdn_prefill.delta_prefill(mixed, b, a, cu, rec, slots, a_log, dt_bias, num_k_heads=hk,
+                                              head_k_dim=dk, head_v_dim=dv, block_v=bv, num_warps=w).cpu())
+        states.append(rec.cpu())
+    assert _ulps(outs[1], outs[0]).max() <= 1.0
+    torch.testing.assert_close(states[1], states[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"num_warps=3 must be one of \(1, 2, 4, 8\)"):
+        gdn_prefill.delta_prefill(mixed, b, a, cu, None, None, a_log, dt_bias, num_k_heads=hk, head_k_dim=dk,
+                                  head_v_dim=dv, num_warps=3)
+
+
 def test_delta_prefill_without_a_cache_and_refusals():
     g = torch.Generator().manual_seed(1)
     mixed = torch.randn(6, 2 * 16 + 2 * 32, generator=g).to(BF16)

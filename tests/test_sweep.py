@@ -75,3 +75,13 @@ def test_the_norm_sweep_times_every_warp_count_for_one_program_and_4_or_8_for_mo
     got = launches([1, 5])
     assert got[:len(decode_norm.WARPS)] == [(1, w) for w in decode_norm.WARPS]
     assert got[len(decode_norm.WARPS):] == [(5, 4), (5, 8)]
+
+
+def test_the_prefill_delta_sweep_starts_at_the_engines_launch_and_skips_spilling_ones():
+    from kernels import gdn_prefill
+    from kernels.tune.delta_prefill_sweep import candidates
+
+    got = candidates(dk=128, dv=128)
+    assert got[0] == (gdn_prefill.BLOCK_V, gdn_prefill.WARPS) and len(set(got)) == len(got)
+    assert all(4 <= 128 * bv / (32 * w) <= 64 for bv, w in got[1:])
+    assert (8, 1) in got and (32, 1) not in got  # 128 state elements a thread spill
