@@ -27,7 +27,7 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import PENDING, Sequence
-from engine.prefill_graphs import PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit
+from engine.prefill_graphs import WARM_ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit, warm_lengths
 from engine.scopes import FORWARD, marker, scope
 
 # The per-step rows the host sends. `ids` sits right after `prev_ids` (the last step's picks, by its
@@ -60,6 +60,7 @@ class ModelRunner:
         self.prefill_bucket = bucket_tokens()  # 0: prefills run at their own shape
         if cuda_graphs:
             self.capture_decode_graphs()
+            self.warm_prefill_graphs(warm_lengths())
 
     def prefill(self, seqs: list[Sequence], all_logits: bool = False) -> torch.Tensor:
         """Every token of each sequence -> last-token logits [B, V] (or all logits [T, V]). On CUDA
@@ -92,6 +93,17 @@ class ModelRunner:
             if not all_logits:
                 hidden = hidden[v["last"][:feed.real]]  # not the padding's
             return self.model.logits(hidden)
+
+    def warm_prefill_graphs(self, lengths: list[int]) -> None:
+        """Capture the batch-1 prefill bucket of each prompt length up front (REGATE_PREFILL_WARM)."""
+        if not lengths:
+            return
+        if self.prefill_graphs is None or not self.prefill_bucket or not self.shares_prefill_graphs():
+            raise ValueError(f"{WARM_ENV}: warm prefill graphs need prefill graphs on, REGATE_PREFILL_BUCKET > 0 "
+                             f"and a forward keyed by shape (REGATE_PREFILL_ATTENTION=1 with the fused prefill)")
+        for n in lengths:
+            self.prefill_graphs.warm(PrefillFeed.in_sink(n, self.kv.pad_block, pad_slot=self.state.pad_slot,
+                                                         block_size=self.bm.block_size, multiple=self.prefill_bucket))
 
     def shares_prefill_graphs(self) -> bool:
         """Whether the prefill forward reads its sequences' extents from the device alone (the fused

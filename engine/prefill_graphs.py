@@ -18,6 +18,9 @@ fused prefill kernels with kernels/paged_prefill.py's attention: `shares_graphs`
 is its shape, (tokens, sequences, width), so every batch of that shape replays one graph, a prompt
 never seen before included; elsewhere the padded feed keys by its lengths as an unpadded one does.
 Eager and replayed prefills of a bucket run at the same padded shape, so they agree bit for bit.
+REGATE_PREFILL_WARM=T1,T2,.. captures the batch-1 buckets of those token counts when the runner is
+made (as decode graphs are), from a prompt that lives in the sink: a user's first prompt of such a
+length replays at once instead of running eagerly and then capturing.
 
 Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
 costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
@@ -38,6 +41,7 @@ import torch
 ENV = "REGATE_PREFILL_GRAPHS"
 DEFAULT_LIMIT = 8
 BUCKET_ENV = "REGATE_PREFILL_BUCKET"
+WARM_ENV = "REGATE_PREFILL_WARM"
 # The flat buffer's fields, in order; each is `size(B, T, W)` longs.
 FIELDS = (("ids", lambda b, t, w: t), ("positions", lambda b, t, w: t), ("slot_mapping", lambda b, t, w: t),
           ("state_slots", lambda b, t, w: b), ("last", lambda b, t, w: b), ("starts", lambda b, t, w: b + 1),
@@ -64,6 +68,15 @@ def graph_limit() -> int:
 def bucket_tokens() -> int:
     """REGATE_PREFILL_BUCKET: pad a prefill's tokens up to a multiple of this many (0: no padding)."""
     return _count(BUCKET_ENV, 0, "a token count")
+
+
+def warm_lengths() -> list[int]:
+    """REGATE_PREFILL_WARM: the prompt lengths whose batch-1 buckets are captured up front (none by default)."""
+    raw = os.environ.get(WARM_ENV, "").strip()
+    parts = [p.strip() for p in raw.split(",")] if raw else []
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{WARM_ENV}: expected comma-separated prompt lengths > 0, found {raw!r}")
+    return [int(p) for p in parts]
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,14 @@ class PrefillFeed:
                                                                            for p in range(n)]],
                       list(block_tables) + [[]], list(state_slots) + [pad_slot], pad_block, width=width)
         return cls(feed.seq_lens, feed.width, feed.values, padded=True, shared=shared)
+
+    @classmethod
+    def in_sink(cls, tokens: int, pad_block: int, *, pad_slot: int, block_size: int, multiple: int) -> "PrefillFeed":
+        """A batch-1 prompt of `tokens` tokens that lives in the padding sink (its K/V in the pad
+        block, its state in the pad slot), bucketed and keyed by shape: what a warm-up captures."""
+        return cls.bucketed([[0] * tokens], [[pad_block * block_size + p % block_size for p in range(tokens)]], [[]],
+                            [pad_slot], pad_block, pad_slot=pad_slot, block_size=block_size, multiple=multiple,
+                            shared=True)
 
     @property
     def key(self) -> tuple:
@@ -182,6 +203,14 @@ class PrefillGraphs:
             return "capture"
         self.seen.add(key)
         return "eager"
+
+    def warm(self, feed: PrefillFeed) -> bool:
+        """Capture `feed`'s shape now, where it holds no graph and there is room; whether it did."""
+        self.seen.add(feed.key)
+        if feed.key in self.graphs or len(self.graphs) >= self.limit:
+            return False
+        self._capture(feed)
+        return True
 
     def run(self, feed: PrefillFeed) -> torch.Tensor | None:
         action = self.decide(feed.key)

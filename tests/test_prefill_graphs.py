@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.prefill_graphs import BUCKET_ENV, ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit
+from engine.prefill_graphs import (BUCKET_ENV, ENV, WARM_ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit,
+                                   warm_lengths)
 from engine_oracle import tiny
 
 PROMPTS = [[5, 17, 400, 3, 3, 91, 250], [42, 7], [1, 2, 3]]
@@ -91,6 +92,42 @@ def test_bucketed_prefills_on_the_cpu_give_the_unpadded_tokens(monkeypatch):
             torch.testing.assert_close(torch.tensor([t.logits for t in a]), torch.tensor([t.logits for t in b]),
                                        rtol=1e-4, atol=1e-4)
     assert padded.runner().prefill_bucket == 16 and not padded.runner().shares_prefill_graphs()
+
+
+def test_a_warm_up_prompt_lives_in_the_sink_and_shares_its_buckets_key():
+    warm = PrefillFeed.in_sink(50, 99, pad_slot=7, block_size=4, multiple=64)
+    v = warm.views(torch.tensor(warm.values))
+    assert warm.key == bucketed([61], 64).key == bucketed([3], 64).key == (("bucket", 64, 2), 16)
+    assert v["state_slots"].tolist() == [7, 7] and set(v["slot_mapping"].tolist()) <= set(range(396, 400))
+    assert (v["block_tables"] == 99).all() and warm.real == 1
+
+
+def test_the_warm_lengths_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv(WARM_ENV, raising=False)
+    assert warm_lengths() == []
+    monkeypatch.setenv(WARM_ENV, "128, 256")
+    assert warm_lengths() == [128, 256]
+    for bad in ("0", "many", "128,,3"):
+        monkeypatch.setenv(WARM_ENV, bad)
+        with pytest.raises(ValueError, match=f"{WARM_ENV}: expected comma-separated prompt lengths > 0"):
+            warm_lengths()
+
+
+def test_a_warm_shape_is_captured_once_within_the_limit(monkeypatch):
+    g = PrefillGraphs(lambda f, v: None, torch.device("cpu"), limit=2)
+    captured = []
+    monkeypatch.setattr(g, "_capture", lambda feed: (captured.append(feed.key), g.graphs.update({feed.key: None})))
+    a, b, c = (PrefillFeed.in_sink(n, 99, pad_slot=7, block_size=4, multiple=16) for n in (5, 16, 17))
+    assert [g.warm(a), g.warm(b), g.warm(c)] == [True, False, True]  # 5 and 16 share the 16-token bucket
+    assert captured == [a.key, c.key] and g.decide(b.key) == "replay"
+    assert not g.warm(PrefillFeed.in_sink(40, 99, pad_slot=7, block_size=4, multiple=16))  # the limit
+
+
+def test_warm_prefill_graphs_without_what_they_need_is_a_clear_error():
+    eng = Engine(tiny(), max_num_seqs=4, max_model_len=64)
+    with pytest.raises(ValueError, match=f"{WARM_ENV}: warm prefill graphs need prefill graphs on"):
+        eng.runner().warm_prefill_graphs([16])
+    eng.runner().warm_prefill_graphs([])  # nothing asked: nothing needed
 
 
 def test_a_shape_is_captured_the_second_time_and_replayed_after():
@@ -181,3 +218,26 @@ def test_one_bucketed_graph_serves_prompts_it_never_saw(monkeypatch):
         for a, b in zip(graphs.last_topk, eager.last_topk):
             assert [t.logits for t in a] == [t.logits for t in b], i  # bit for bit: the same padded shape
     assert len(graphs.runner().prefill_graphs.graphs) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_warmed_bucket_replays_a_users_first_prompt(monkeypatch):
+    """REGATE_PREFILL_WARM=20 captures the 32-token batch-1 bucket when the runner is made: a first
+    prompt of 9 tokens replays it (no graph added), with the tokens and top-k logits of an engine that
+    pads the same way but never replays."""
+    from engine import fused
+
+    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
+    monkeypatch.setenv(BUCKET_ENV, "32")
+    monkeypatch.setenv(ENV, "0")
+    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    assert eager.runner().prefill_graphs is None
+    monkeypatch.setenv(ENV, "8")
+    monkeypatch.setenv(WARM_ENV, "20")
+    warm = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    assert len(warm.runner().prefill_graphs.graphs) == 1
+    prompt = [[11, 3, 250, 7, 7, 1, 90, 4, 2]]
+    assert warm.generate(prompt, 4) == eager.generate(prompt, 4)
+    assert [t.logits for t in warm.last_topk[0]] == [t.logits for t in eager.last_topk[0]]
+    assert len(warm.runner().prefill_graphs.graphs) == 1
