@@ -82,19 +82,28 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr
     tl.store(out_ptr + b * s_out + cols, _round(o * gate, dt).to(dt), mask=gm[:, None])
 
 
+# Keys a step and warps a program. kernels/tune/attention_sweep.py times the others on the H200; by
+# ptxas for sm_90 at the 27b head size (256), this launch spills 780 B, 8 warps of 32 keys none.
+TILE, WARPS = 64, 4
+
+
 def paged_decode_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                       context_lens: torch.Tensor, gate: torch.Tensor, scale: float) -> torch.Tensor:
+                       context_lens: torch.Tensor, gate: torch.Tensor, scale: float, *, tile: int = TILE,
+                       num_warps: int = WARPS) -> torch.Tensor:
     """q [B, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, M]; context_lens [B];
-    gate [B, H, D] (before its sigmoid; any strides but the last) -> attention(q) * sigmoid(gate), [B, H * D]."""
+    gate [B, H, D] (before its sigmoid; any strides but the last) -> attention(q) * sigmoid(gate), [B, H * D].
+    `tile`: keys a step (a power of two >= 16); `num_warps`: a program's."""
     bsz, h, d = q.shape
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     if k_cache.stride(3) != 1 or q.stride(2) != 1 or gate.stride(2) != 1:
         raise ValueError("paged_decode_gated: q, the caches and gate need a contiguous last dim")
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"paged_decode_gated: tile={tile} must be a power of two >= 16 (a dot's K)")
     out = torch.empty(bsz, h * d, dtype=q.dtype, device=q.device)
     group = h // hkv
     paged_decode_kernel[(bsz, hkv)](
         q, k_cache, v_cache, block_tables, context_lens, gate, out, scale, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), gate.stride(0),
-        gate.stride(1), out.stride(0), G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BS=bs, TILE=64,
-        IEEE=q.device.type == "cpu", num_warps=4, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
+        gate.stride(1), out.stride(0), G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BS=bs, TILE=tile,
+        IEEE=q.device.type == "cpu", num_warps=num_warps, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
     return out

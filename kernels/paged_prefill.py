@@ -27,8 +27,9 @@ from kernels import pdl
 from kernels.paged_attention import kv_step
 from kernels.triton_round import round_to as _round
 
-BM = 64  # query tokens a program
-BN = 32  # keys a step (D = 256 holds a [64, 256] FP32 accumulator in 8 warps' registers)
+# Query tokens a program, keys a step, warps: D = 256 holds a [64, 256] FP32 accumulator in 8 warps'
+# registers. kernels/tune/attention_sweep.py times the others on the H200.
+BM, BN, WARPS = 64, 32, 8
 
 
 @triton.jit
@@ -72,11 +73,12 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, pos_ptr, gate_ptr,
 
 def paged_prefill_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                         cu_seqlens: torch.Tensor, positions: torch.Tensor, gate: torch.Tensor, scale: float,
-                        max_len: int) -> torch.Tensor:
+                        max_len: int, *, block_m: int = BM, block_n: int = BN, num_warps: int = WARPS) -> torch.Tensor:
     """q [T, H, D] (the prompts back to back, by cu_seqlens [B+1]); caches [num_blocks, block_size, Hkv, D]
     holding every key up to each query's position (`positions` [T]); block_tables [B, M]; gate [T, H, D]
     (before its sigmoid; any strides but the last); `max_len`: no prompt is longer (the grid's bound)
-    -> causal attention(q) * sigmoid(gate), [T, H * D]."""
+    -> causal attention(q) * sigmoid(gate), [T, H * D]. `block_m`, `block_n` (powers of two >= 16):
+    queries a program and keys a step; `num_warps`: a program's."""
     t, h, d = q.shape
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     if d & (d - 1) or h % hkv:
@@ -90,11 +92,13 @@ def paged_prefill_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                          f"must match q's [T, H, D] = {(t, h, d)} and [T]")
     if max_len < 1:
         raise ValueError(f"paged_prefill_gated: max_len must be >= 1, found {max_len}")
+    if min(block_m, block_n) < 16 or block_m & (block_m - 1) or block_n & (block_n - 1):
+        raise ValueError(f"paged_prefill_gated: block_m={block_m} and block_n={block_n} must be powers of two >= 16")
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(max_len, BM), cu_seqlens.numel() - 1, h)
+    grid = (triton.cdiv(max_len, block_m), cu_seqlens.numel() - 1, h)
     paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens, positions, gate, out, scale, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), gate.stride(0),
-        gate.stride(1), out.stride(0), G=h // hkv, D=d, BS=bs, BM=BM, BN=BN, IEEE=q.device.type == "cpu",
-        num_warps=8, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
+        gate.stride(1), out.stride(0), G=h // hkv, D=d, BS=bs, BM=block_m, BN=block_n, IEEE=q.device.type == "cpu",
+        num_warps=num_warps, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
     return out

@@ -8,6 +8,9 @@
 #          DELTA_BATCHES, default "1,16"), each checked against one program per head, then timed
 #   prefillsweep  the prefill delta rule's state columns and warps a program (kernels/tune/delta_prefill_sweep.py;
 #          PREFILL_BATCHES, default "1,16", 128-token prompts), each checked against the engine's launch, then timed
+#   attnsweep  the attention kernels' launch shapes, decode (keys a step, warps; contexts ATTN_CONTEXTS, default
+#          "192,2048") and prefill (queries, keys, warps; 128-token prompts) at batches ATTN_BATCHES (default "1,16")
+#          (kernels/tune/attention_sweep.py), each checked against the engine's launch, then timed
 #   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
 #          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
 #   normsweep  the residual add + RMSNorm's warps and programs a row (kernels/tune/norm_sweep.py; NORM_BATCHES
@@ -62,6 +65,11 @@ stage_deltasweep() {  # kernels/tune/delta_sweep.py (issue 24: the batch-16 delt
 stage_prefillsweep() {  # kernels/tune/delta_prefill_sweep.py (issue 24: ~5 ms of a 64-layer batch-1 prefill)
   $PY -m kernels.tune.delta_prefill_sweep --batches "${PREFILL_BATCHES:-1,16}" > "$OUT/prefillsweep.txt" || return 1
   head -n -1 "$OUT/prefillsweep.txt"; tail -1 "$OUT/prefillsweep.txt" > "$OUT/prefillsweep.json"
+}
+stage_attnsweep() {  # kernels/tune/attention_sweep.py (the engine's decode attention launch spills 780 B)
+  $PY -m kernels.tune.attention_sweep --batches "${ATTN_BATCHES:-1,16}" --contexts "${ATTN_CONTEXTS:-192,2048}" \
+    > "$OUT/attnsweep.txt" || return 1
+  head -n -1 "$OUT/attnsweep.txt"; tail -1 "$OUT/attnsweep.txt" > "$OUT/attnsweep.json"
 }
 stage_fieldcompare() {  # kernels/tune/field_compare.py (issue 24: field libraries by measurement)
   [ -d /tmp/fla-site/fla ] || $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \

@@ -366,10 +366,13 @@ def test_paged_decode_attention_reads_live_blocks_and_matches_the_reference(h, h
     live = {int(tables[i, j]) for i in range(bsz) for j in range((int(lens[i]) + bs - 1) // bs)}
     dead = [n for n in range(num_blocks) if n not in live]
     k_cache[dead], v_cache[dead] = float("nan"), float("nan")
-    out = paged_attention.paged_decode_gated(q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), tables.to(DEV),
-                                             lens.to(DEV), gate.to(DEV), scale).cpu()
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    for tile, warps in ((paged_attention.TILE, paged_attention.WARPS), (16, 2), (32, 8), (128, 4)):  # the sweep's
+        out = paged_attention.paged_decode_gated(q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), tables.to(DEV),
+                                                 lens.to(DEV), gate.to(DEV), scale, tile=tile, num_warps=warps).cpu()
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="tile=24 must be a power of two"):
+        paged_attention.paged_decode_gated(q, k_cache, v_cache, tables, lens, gate, scale, tile=24)
 
 
 @pytest.mark.parametrize("h, hkv, d, partial", [(4, 2, 32, 0.25), (6, 1, 64, 0.5), (2, 2, 16, 1.0)])

@@ -74,6 +74,19 @@ def test_paged_prefill_matches_the_reference_and_reads_only_live_blocks(h, hkv, 
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 64), (128, 16)])
+def test_every_launch_shape_the_sweep_times_matches_the_reference(block_m, block_n):
+    """kernels/tune/attention_sweep.py's prefill launches: other query tiles and key steps, the same
+    attention (to rounding noise)."""
+    q, gate, k_cache, v_cache, tables, cu, positions, ctx = _case(4, 2, 32, [1, 40, 70], [0, 5, 0], seed=block_m + block_n)
+    ref = _reference(q, gate, k_cache, v_cache, tables, cu, ctx, 0.2)
+    out = paged_prefill.paged_prefill_gated(q, k_cache, v_cache, tables, cu, positions, gate, 0.2, 70,
+                                            block_m=block_m, block_n=block_n, num_warps=4)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="powers of two >= 16"):
+        paged_prefill.paged_prefill_gated(q, k_cache, v_cache, tables, cu, positions, gate, 0.2, 70, block_n=8)
+
+
 def test_a_grid_past_the_longest_prompt_changes_nothing():
     """A bound above the longest prompt (as a graph captured for a larger batch has) writes the same
     values: the extra tiles find no query of theirs."""

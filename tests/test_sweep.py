@@ -85,3 +85,13 @@ def test_the_prefill_delta_sweep_starts_at_the_engines_launch_and_skips_spilling
     assert got[0] == (gdn_prefill.BLOCK_V, gdn_prefill.WARPS) and len(set(got)) == len(got)
     assert all(4 <= 128 * bv / (32 * w) <= 64 for bv, w in got[1:])
     assert (8, 1) in got and (32, 1) not in got  # 128 state elements a thread spill
+
+
+def test_the_attention_sweep_starts_at_the_engines_launches_and_names_each_once():
+    from kernels import paged_attention, paged_prefill
+    from kernels.tune.attention_sweep import decode_candidates, prefill_candidates
+
+    dec, pre = decode_candidates(), prefill_candidates()
+    assert dec[0] == (paged_attention.TILE, paged_attention.WARPS) and len(set(dec)) == len(dec) == 12
+    assert pre[0] == (paged_prefill.BM, paged_prefill.BN, paged_prefill.WARPS) and len(set(pre)) == len(pre) == 24
+    assert (32, 8) in dec  # no spill by ptxas at head dim 256
