@@ -14,9 +14,10 @@ inside the forward, so the eager path and the graph run the same kernels on the 
 Buckets (REGATE_PREFILL_BUCKET=N, off by default): a prefill's tokens are padded up to a multiple of
 N by one more sequence that owns only the caches' padding sink (the KV pad block, the state pad slot),
 as decode pads its batch. Where the forward reads its sequences' extents from the device alone (the
-fused prefill kernels with kernels/paged_prefill.py's attention: `shares_graphs`), such a feed's key
-is its shape, (tokens, sequences, width), so every batch of that shape replays one graph, a prompt
-never seen before included; elsewhere the padded feed keys by its lengths as an unpadded one does.
+fused prefill kernels with kernels/paged_prefill.py's attention: ModelRunner.shares_prefill_graphs),
+such a feed's key is its shape, (tokens, sequences, width), so every batch of that shape replays one
+graph, a prompt never seen before included; elsewhere the padded feed keys by its lengths as an
+unpadded one does.
 Eager and replayed prefills of a bucket run at the same padded shape, so they agree bit for bit.
 REGATE_PREFILL_WARM=T1,T2,.. captures the batch-1 buckets of those token counts when the runner is
 made (as decode graphs are), from a prompt that lives in the sink: a user's first prompt of such a

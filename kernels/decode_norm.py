@@ -123,9 +123,10 @@ NORM_WARPS = 8
 WARPS = (1, 2, 4, 8, 16, 32)
 # Programs a row of add_rms_norm for batches of up to CHUNKED_MAX_ROWS rows (1: one program a row, the
 # default until the H200 times it; kernels/tune/norm_sweep.py --chunks). More rows fill the SMs anyway.
-NORM_CHUNKS = int(os.environ.get("REGATE_NORM_CHUNKS", "1"))
-if NORM_CHUNKS < 1:
-    raise ValueError(f"REGATE_NORM_CHUNKS: expected programs a row >= 1, found {NORM_CHUNKS}")
+_CHUNKS_ENV = os.environ.get("REGATE_NORM_CHUNKS", "1")
+if not _CHUNKS_ENV.isdigit() or int(_CHUNKS_ENV) < 1:
+    raise ValueError(f"REGATE_NORM_CHUNKS: expected programs a row >= 1, found {_CHUNKS_ENV!r}")
+NORM_CHUNKS = int(_CHUNKS_ENV)
 CHUNKED_MAX_ROWS = 16
 _counters: dict[torch.device, torch.Tensor] = {}
 

@@ -86,8 +86,9 @@ class GatedAttention:
                 out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
                                                     self.scale)
             elif self.fused.prefill_attention:  # every prompt in one launch, reading only device inputs
+                bound = ctx.max_query_len or max(ctx.seq_lens)
                 out = self.fused.paged_prefill_gated(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens(),
-                                                     ctx.positions, gate, self.scale, ctx.max_query_len or max(ctx.seq_lens))
+                                                     ctx.positions, gate, self.scale, bound)
             else:
                 t = q.shape[0]
                 out = self._paged_prefill(q, k_cache, v_cache, ctx).reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))

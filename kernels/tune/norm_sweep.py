@@ -1,5 +1,6 @@
 """How many warps the residual add + RMSNorm's one program a row should have, and how many programs
-a row: `python -m kernels.tune.norm_sweep [--batches 1,16] [--splits 0,4,7] [--chunks 1,2,5,10,20,40]`.
+a row: `python -m kernels.tune.norm_sweep [--batches 1,16] [--splits 0,4,7]
+[--chunks 1,2,5,10,20,40]`.
 
 kernels/decode_norm.add_rms_norm at the 27b hidden size (5120) for each warp count, with d a plain
 BF16 tensor (splits 0) or a split-K GEMM's FP32 partials (a SplitSum of 4 splits: o_proj's and
