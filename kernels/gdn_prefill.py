@@ -20,6 +20,8 @@ reference to FP32 reduction noise (then the BF16 rounding of o), not bit for bit
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -166,16 +168,24 @@ def conv_prefill(qkv: torch.Tensor, cu_seqlens: torch.Tensor, token_seqs: torch.
 # the prompt token by token. kernels/tune/delta_prefill_sweep.py times the others on the H200.
 BLOCK_V, WARPS = 32, 4
 WARP_COUNTS = (1, 2, 4, 8)
+# Tokens a step of kernels/gdn_prefill_chunked.py (16 or 32), or 0: token by token, the default until
+# kernels/tune/delta_prefill_sweep.py and an A/B time both on the H200 (REGATE_DELTA_PREFILL_CHUNK=C).
+_CHUNK_ENV = os.environ.get("REGATE_DELTA_PREFILL_CHUNK", "0")
+if _CHUNK_ENV not in ("0", "16", "32"):
+    raise ValueError(f"REGATE_DELTA_PREFILL_CHUNK: expected 0, 16 or 32, found {_CHUNK_ENV!r}")
+CHUNK = int(_CHUNK_ENV)
 
 
 def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,
                   rec_cache: torch.Tensor | None, slots: torch.Tensor | None, A_log: torch.Tensor,
                   dt_bias: torch.Tensor, *, num_k_heads: int, head_k_dim: int, head_v_dim: int,
-                  block_v: int = BLOCK_V, num_warps: int = WARPS) -> torch.Tensor:
+                  block_v: int = BLOCK_V, num_warps: int = WARPS, chunk: int | None = None,
+                  precision: str = "ieee") -> torch.Tensor:
     """mixed [T, C] (post-conv q|k|v, sequences by cu_seqlens [B+1] int32); b, a [T, Hv] -> the core
     output o [T, Hv*Dv] in mixed's dtype (before the gated RMSNorm). With rec_cache [S, Hv, Dk, Dv] FP32,
     each sequence's final state is written to its slot of `slots` [B]. `block_v`, `num_warps`: a
-    program's state columns and warps."""
+    program's state columns and warps. `chunk`: tokens a step of the chunked kernel, 0 token by token
+    (None: CHUNK); `precision`: its products' ("ieee" or "tf32x3")."""
     n, hv = b.shape
     bv = min(block_v, head_v_dim)
     if head_v_dim % bv or head_k_dim & (head_k_dim - 1) or bv & (bv - 1):
@@ -186,7 +196,17 @@ def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seql
     out = torch.empty(n, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
     store = rec_cache is not None
     rec = rec_cache if store else out  # unused when not storing
-    delta_prefill_kernel[(cu_seqlens.numel() - 1, hv, head_v_dim // bv)](
+    grid = (cu_seqlens.numel() - 1, hv, head_v_dim // bv)
+    chunk = CHUNK if chunk is None else chunk
+    if chunk:
+        from kernels import gdn_prefill_chunked
+
+        gdn_prefill_chunked.launch(grid, mixed, b, a, cu_seqlens, slots if store else cu_seqlens, rec, A_log, dt_bias,
+                                   out, num_k_heads * head_k_dim, head_k_dim**0.5, rep=hv // num_k_heads,
+                                   dk=head_k_dim, dv=head_v_dim, bv=bv, chunk=chunk, store=store, precision=precision,
+                                   num_warps=num_warps)
+        return out
+    delta_prefill_kernel[grid](
         mixed, b, a, cu_seqlens, slots if store else cu_seqlens, rec, A_log, dt_bias, out, num_k_heads * head_k_dim,
         head_k_dim**0.5, mixed.stride(0), b.stride(0), a.stride(0), rec.stride(0), out.stride(0),
         REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, BV=bv, STORE_STATE=store, num_warps=num_warps)

@@ -421,16 +421,18 @@ def test_attention_prep_refuses_what_it_cannot_index():
                                       torch.zeros(1, dtype=torch.long), cache, cache)
 
 
-@pytest.mark.parametrize("conv_in_step, prefill_attention, bucket, norm_chunks", [
-    (False, False, 0, 1), (True, False, 0, 1), (False, True, 0, 1), (False, True, 16, 4), (False, True, 47, 1)])
+@pytest.mark.parametrize("conv_in_step, prefill_attention, bucket, norm_chunks, delta_chunk", [
+    (False, False, 0, 1, 0), (True, False, 0, 1, 0), (False, True, 0, 1, 0), (False, True, 16, 4, 0),
+    (False, True, 47, 1, 16)])
 def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, conv_in_step, prefill_attention,
-                                                                   bucket, norm_chunks):
+                                                                   bucket, norm_chunks, delta_chunk):
     """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
     greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; with the
     conv step in delta_step's launch too (conv_delta_step instead of conv_step + delta_step), with
     the prefill's attention on its kernel (kernels/paged_prefill.py), and so with the prefill padded
     to a bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to
-    47 (an empty padding sequence); once with the decode step's norms over 4 programs a row."""
+    47 (an empty padding sequence); once with the decode step's norms over 4 programs a row, once
+    with the prefill's delta rule in chunks of 16 tokens (kernels/gdn_prefill_chunked.py)."""
     from engine.prefill_graphs import BUCKET_ENV
     from types import SimpleNamespace
 
@@ -461,6 +463,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
     monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
     monkeypatch.setenv(BUCKET_ENV, str(bucket))
     monkeypatch.setattr(decode_norm, "NORM_CHUNKS", norm_chunks)
+    monkeypatch.setattr(gdn_prefill, "CHUNK", delta_chunk)
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
     assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs() == prefill_attention

@@ -95,3 +95,12 @@ def test_the_attention_sweep_starts_at_the_engines_launches_and_names_each_once(
     assert dec[0] == (paged_attention.TILE, paged_attention.WARPS) and len(set(dec)) == len(dec) == 12
     assert pre[0] == (paged_prefill.BM, paged_prefill.BN, paged_prefill.WARPS) and len(set(pre)) == len(pre) == 24
     assert (32, 8) in dec  # no spill by ptxas at head dim 256
+
+
+def test_the_prefill_delta_sweep_times_chunked_launches_the_kernel_takes():
+    from kernels import gdn_prefill_chunked as chunked
+    from kernels.tune.delta_prefill_sweep import chunked_candidates
+
+    got = chunked_candidates()
+    assert len(set(got)) == len(got) and {p for _, _, p, _ in got} == set(chunked.PRECISIONS)
+    assert all(c in chunked.CHUNKS and bv >= chunked.MIN_BLOCK_V and 128 % bv == 0 for c, bv, _, _ in got)
