@@ -28,6 +28,18 @@ from kernels.triton_round import round_to
 
 
 @triton.jit
+def _d_row(d_ptr, r, c, m, s_d, s_split, d_scale, SPLITS: tl.constexpr):
+    """Row r of d at columns c (mask m) in FP32: a BF16 tensor's (SPLITS=0), or a split GEMM's FP32
+    partials [SPLITS, M, s_d] summed in split order, scaled and rounded once, as its reduce kernel does."""
+    if SPLITS > 0:
+        acc = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0)
+        for k in tl.static_range(1, SPLITS):
+            acc += tl.load(d_ptr + k * s_split + r * s_d + c, mask=m, other=0.0)
+        return round_to(acc * d_scale, tl.bfloat16)
+    return tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d, s_res, s_out, s_split, d_scale,
                         HAS_D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
@@ -40,14 +52,7 @@ def add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, n, eps, s_h, s_d,
     x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + c, mask=m).to(tl.float32)  # issued before the sums, not after their round trip
     if HAS_D:
-        if SPLITS > 0:  # d_ptr: FP32 partials [SPLITS, M, s_d]; summed in split order, scaled, rounded once
-            acc = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0)
-            for k in tl.static_range(1, SPLITS):
-                acc += tl.load(d_ptr + k * s_split + r * s_d + c, mask=m, other=0.0)
-            d = round_to(acc * d_scale, tl.bfloat16)
-        else:
-            d = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32)
-        x = round_to(x + d, dt)
+        x = round_to(x + _d_row(d_ptr, r, c, m, s_d, s_split, d_scale, SPLITS), dt)
         tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
     y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
     y = y * (1.0 + w)
@@ -67,14 +72,7 @@ def add_rms_norm_chunk_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, ss_ptr, cou
     m = c < n
     dt = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
-    if SPLITS > 0:  # as add_rms_norm_kernel: the partials summed in split order, scaled, rounded once
-        acc = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0)
-        for k in tl.static_range(1, SPLITS):
-            acc += tl.load(d_ptr + k * s_split + r * s_d + c, mask=m, other=0.0)
-        d = round_to(acc * d_scale, tl.bfloat16)
-    else:
-        d = tl.load(d_ptr + r * s_d + c, mask=m, other=0.0).to(tl.float32)
-    x = round_to(x + d, dt)
+    x = round_to(x + _d_row(d_ptr, r, c, m, s_d, s_split, d_scale, SPLITS), dt)
     tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
     tl.store(ss_ptr + r * CHUNKS + j, tl.sum(x * x, axis=0))
     tl.debug_barrier()  # every thread's stores are made before the arrival below releases them
