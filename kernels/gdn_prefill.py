@@ -10,7 +10,8 @@ which made a 128-token prefill of the 27b shape launch-bound: ~150 ms at batch 1
   value head, block of BV value columns), the state block [Dk, BV] in registers for the whole prompt:
   q/k L2 norms, the decay and beta from the raw a/b projections, o_t = q_t^T S_t, and the final state
   written ONCE into the sequence's slot. The next token's inputs are loaded before this token's
-  update, so their latency hides behind it.
+  update, so their latency hides behind it. `chunk=16|32` (REGATE_DELTA_PREFILL_CHUNK) runs the same
+  recurrence C tokens a step instead (kernels/gdn_prefill_chunked.py).
 
 - `gated_rms_norm`: the gated RMSNorm of every (token, value head) of o, one launch (8 torch ops in
   the reference engine.model.norm.gated_rms_norm, whose rounding steps it follows).
