@@ -104,3 +104,19 @@ def test_the_prefill_delta_sweep_times_chunked_launches_the_kernel_takes():
     got = chunked_candidates()
     assert len(set(got)) == len(got) and {p for _, _, p, _ in got} == set(chunked.PRECISIONS)
     assert all(c in chunked.CHUNKS and bv >= chunked.MIN_BLOCK_V and 128 % bv == 0 for c, bv, _, _ in got)
+
+
+def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monkeypatch, capsys):
+    from kernels.tune.bench import sweep_cli
+
+    args = ("kernels.tune.x_sweep", "Title line.\nmore", [], {"--tokens": {"type": int, "default": 7}}, str, "HEAD")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="x_sweep: needs a CUDA GPU"):
+        sweep_cli(*args)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a, show = sweep_cli(*args)
+    assert (a.batches, a.tokens, a.json) == ("1,16", 7, False)
+    show({"us": 1})
+    assert capsys.readouterr().out == "HEAD\n{'us': 1}\n"
+    a, show = sweep_cli(args[0], args[1], ["--json"], *args[3:])
+    assert a.json and show is None and capsys.readouterr().out == ""

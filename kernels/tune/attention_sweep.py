@@ -15,14 +15,13 @@ Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 
 import torch
 
 from kernels import paged_attention, paged_prefill
-from kernels.tune.bench import copies_for, environment, median_ms
+from kernels.tune.bench import copies_for, environment, median_ms, sweep_cli
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 24, 4, 256, 16
 DEVICE = "cuda"
@@ -120,17 +119,10 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.attention_sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--contexts", default="192,2048", help="decode contexts (tokens)")
-    ap.add_argument("--tokens", type=int, default=128, help="prefill prompt length")
-    ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("attention_sweep: needs a CUDA GPU")
-    show = None if a.json else (lambda r: print(_line(r), flush=True))
-    if show:
-        print(f"{'kernel':>8} {'batch':>5} {'context':>7} {'config':>10} {'us':>9}", flush=True)
+    options = {"--contexts": {"default": "192,2048", "help": "decode contexts (tokens)"},
+               "--tokens": {"type": int, "default": 128, "help": "prefill prompt length"}}
+    a, show = sweep_cli("kernels.tune.attention_sweep", __doc__, argv, options, _line,
+                        f"{'kernel':>8} {'batch':>5} {'context':>7} {'config':>10} {'us':>9}")
     batches = [int(b) for b in a.batches.split(",")]
     rows = [r for b in batches for c in map(int, a.contexts.split(",")) for r in decode_sweep(b, c, show)]
     rows += [r for b in batches for r in prefill_sweep(b, a.tokens, show)]

@@ -53,6 +53,24 @@ def median_ms(fn, rep_ms: int = 100, graph: bool = True) -> float:
     return float(triton.testing.do_bench(fn, warmup=20, rep=rep_ms, return_mode="median"))
 
 
+def sweep_cli(module: str, doc: str, argv, options: dict, line, header: str):
+    """A sweep tool's command line: --batches (default 1,16), `options` (flag -> add_argument's keywords),
+    --json; no run without a GPU. Returns (args, show): `show(row)` prints a row as it is measured,
+    after `header` (None with --json, which prints only the JSON line)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    ap.add_argument("--batches", default="1,16")
+    for flag, kwargs in options.items():
+        ap.add_argument(flag, **kwargs)
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{module.rsplit('.', 1)[-1]}: needs a CUDA GPU")
+    if a.json:
+        return a, None
+    print(header, flush=True)
+    return a, lambda r: print(line(r), flush=True)
+
+
 def read_bandwidth_gbps(n_bytes: int = 4 * 2**30) -> float:
     """Bytes read per second by a sum over a buffer far larger than L2."""
     buf = torch.ones(n_bytes // 4, dtype=torch.float32, device="cuda")

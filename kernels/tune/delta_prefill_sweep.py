@@ -6,21 +6,21 @@ dim 128) for prompts of --tokens tokens, for every (state columns a program, war
 each checked against the engine's launch (gdn_prefill.BLOCK_V, WARPS: outputs within 1 BF16 ulp,
 states within FP32 reordering; the chunked kernel's within the tests' bound against the torch
 reference, 4 ulps at most and 0.05 on average, flagged where it is not) before it is timed as
-CUDA-graph replays (the engine replays its prefills) with the state slots rotated past L2. Why: a program walks its prompt token by token, so at
-batch 1 the 27b shape has 48 x (128 / BLOCK_V) programs, each ~128 dependent steps; on the H200 it took
+CUDA-graph replays (the engine replays its prefills) with the state slots rotated past L2. Why: a
+program walks its prompt token by token, so at batch 1 the 27b shape has 48 x (128 / BLOCK_V)
+programs, each ~128 dependent steps; on the H200 it took
 110.7 us a layer at batch 1 and 828.8 at batch 16 (128 tokens; kernels/tune/field_compare.py,
 docs/BENCHMARKS.md), ~5 ms of a 64-layer batch-1 prefill. Prints a table, then one JSON line. Tuning
 code: no product module imports it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
 from kernels import gdn_prefill
-from kernels.tune.bench import copies_for, environment
+from kernels.tune.bench import copies_for, environment, sweep_cli
 from kernels.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
 
 BLOCKS = (8, 16, 32, 64, 128)
@@ -90,17 +90,9 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.delta_prefill_sweep",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("delta_prefill_sweep: needs a CUDA GPU")
-    show = None if a.json else (lambda r: print(_line(r), flush=True))
-    if show:
-        print(f"{'batch':>5} {'tokens':>6} {'kernel':>14} {'block_v':>7} {'warps':>5} {'us':>9} {'ulps':>6}", flush=True)
+    a, show = sweep_cli("kernels.tune.delta_prefill_sweep", __doc__, argv, {"--tokens": {"type": int, "default": 128}},
+                        _line, f"{'batch':>5} {'tokens':>6} {'kernel':>14} {'block_v':>7} {'warps':>5} {'us':>9} "
+                               f"{'ulps':>6}")
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, a.tokens, show)]
     if show:
         for bsz in sorted({r["batch"] for r in rows}):

@@ -11,13 +11,12 @@ imports it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
 from kernels import gdn_decode
-from kernels.tune.bench import copies_for, environment, read_bandwidth_gbps
+from kernels.tune.bench import copies_for, environment, read_bandwidth_gbps, sweep_cli
 from kernels.tune.field_compare import DK, DV, EPS, HK, HV, inputs, rotated, states
 
 SPLITS = (1, 2, 4, 8, 16)
@@ -76,16 +75,9 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.delta_sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("delta_sweep: needs a CUDA GPU")
+    a, show = sweep_cli("kernels.tune.delta_sweep", __doc__, argv, {}, _line,
+                        f"{'batch':>5} {'nv':>3} {'warps':>5} {'us':>8} {'floor us':>9} {'of floor':>8}")
     gbps = read_bandwidth_gbps()
-    show = None if a.json else (lambda r: print(_line(r), flush=True))
-    if show:
-        print(f"{'batch':>5} {'nv':>3} {'warps':>5} {'us':>8} {'floor us':>9} {'of floor':>8}", flush=True)
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, gbps, show)]
     if show:
         for bsz in sorted({r['batch'] for r in rows}):
