@@ -53,9 +53,10 @@ def _reference(q, gate, k_cache, v_cache, tables, cu, ctx, scale):
     return out
 
 
-def _run(q, gate, k_cache, v_cache, tables, cu, positions, scale, max_len):
+def _run(q, gate, k_cache, v_cache, tables, cu, positions, scale, max_len, **launch):
     return paged_prefill.paged_prefill_gated(q.to(DEV), k_cache.to(DEV), v_cache.to(DEV), tables.to(DEV),
-                                             cu.to(DEV), positions.to(DEV), gate.to(DEV), scale, max_len).cpu()
+                                             cu.to(DEV), positions.to(DEV), gate.to(DEV), scale, max_len,
+                                             **launch).cpu()
 
 
 @pytest.mark.parametrize("h, hkv, d, lens, prefix", [
@@ -80,11 +81,11 @@ def test_every_launch_shape_the_sweep_times_matches_the_reference(block_m, block
     attention (to rounding noise)."""
     q, gate, k_cache, v_cache, tables, cu, positions, ctx = _case(4, 2, 32, [1, 40, 70], [0, 5, 0], seed=block_m + block_n)
     ref = _reference(q, gate, k_cache, v_cache, tables, cu, ctx, 0.2)
-    out = paged_prefill.paged_prefill_gated(q, k_cache, v_cache, tables, cu, positions, gate, 0.2, 70,
-                                            block_m=block_m, block_n=block_n, num_warps=4)
+    out = _run(q, gate, k_cache, v_cache, tables, cu, positions, 0.2, 70, block_m=block_m, block_n=block_n,
+               num_warps=4)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="powers of two >= 16"):
-        paged_prefill.paged_prefill_gated(q, k_cache, v_cache, tables, cu, positions, gate, 0.2, 70, block_n=8)
+        _run(q, gate, k_cache, v_cache, tables, cu, positions, 0.2, 70, block_n=8)
 
 
 def test_a_grid_past_the_longest_prompt_changes_nothing():
