@@ -71,6 +71,15 @@ EARLY_GROUPS = int(os.environ.get("REGATE_GEMM_EARLY_WEIGHTS", "1"))
 EARLY_SMEM = int(os.environ.get("REGATE_GEMM_EARLY_SMEM", "0"))
 if not 0 <= EARLY_SMEM <= 8:
     raise ValueError(f"REGATE_GEMM_EARLY_SMEM: expected 0..8 K groups, found {EARLY_SMEM}")
+# In the K loop of the mma.sync kernel at M <= 8 (m_tiles 1, x via L1), each warp keeps the K groups up
+# to N past the one it computes requested into L2 (csrc/nvfp4_tile_gemm.cu PFA, its own instantiation):
+# the registers hold only two groups in flight, so a load may wait on DRAM's latency every group; with
+# the later groups in L2 it waits on L2's. The tile GEMM at M=1 runs 1.35-1.69x a plain read of its
+# weights, from L2 too (docs/lab/2026-12-05-device.md). A prefetch never changes a value, so it is
+# safe eagerly as in a graph. REGATE_GEMM_PREFETCH_AHEAD=N (2..16; 0, the default: off until an A/B).
+PREFETCH_AHEAD = int(os.environ.get("REGATE_GEMM_PREFETCH_AHEAD", "0"))
+if PREFETCH_AHEAD != 0 and not 2 <= PREFETCH_AHEAD <= 16:
+    raise ValueError(f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {PREFETCH_AHEAD}")
 _counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
@@ -203,7 +212,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer, early_groups(), early_smem())
+                                  PREFETCH_GROUPS, defer, early_groups(), early_smem(), PREFETCH_AHEAD)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

@@ -217,6 +217,33 @@ def test_early_groups_in_shared_memory_change_nothing(monkeypatch, n, k):
             op.codes.copy_(saved[1])
 
 
+@pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
+def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
+    """K groups prefetched into L2 ahead of the loop (kernels/tile_gemm.py PREFETCH_AHEAD, its own
+    kernel instantiation) give y bit for bit as without, at M 1, 5 and 8, for every M <= 8 config it is
+    built for, 2, 3 and 16 groups ahead (more than a split has), eager and replayed from a graph."""
+    from kernels import tile_gemm
+    from kernels.table import TileConfig
+
+    (w,) = _weights({"w": n}, k, _seed())
+    op = w.kernel_operand
+    configs = [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
+               TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
+    for m in (1, 5, 8):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        for cfg in configs:
+            monkeypatch.setattr(tile_gemm, "PREFETCH_AHEAD", 0)
+            want = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg).clone()
+            for ahead in (2, 3, 16):
+                monkeypatch.setattr(tile_gemm, "PREFETCH_AHEAD", ahead)
+                assert torch.equal(tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg), want), (m, cfg, ahead)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    y = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
+                graph.replay()
+                assert torch.equal(y, want), (m, cfg, ahead, "graph")
+
+
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
 def test_early_weight_loads_change_nothing(monkeypatch, n, k):
     """Weights loaded before the PDL wait (kernels/tile_gemm.py EARLY_GROUPS, only inside a graph

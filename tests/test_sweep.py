@@ -120,3 +120,23 @@ def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monke
     assert capsys.readouterr().out == "HEAD\n{'us': 1}\n"
     a, show = sweep_cli(args[0], args[1], ["--json"], *args[3:])
     assert a.json and show is None and capsys.readouterr().out == ""
+
+
+def test_read_floor_times_each_prefetch_ahead_and_restores_the_switch(monkeypatch):
+    """`read_floor --ahead`: the GEMM is timed once per value with the module's switch set to it, and the
+    switch is put back afterwards, a failing timing included."""
+    from kernels import tile_gemm
+    from kernels.tune import read_floor
+
+    seen = []
+    monkeypatch.setattr(read_floor, "time_gemm", lambda name: seen.append((name, tile_gemm.PREFETCH_AHEAD)) or 0.5)
+    assert read_floor.time_ahead("gate_up", [0, 4, 8]) == {0: 0.5, 4: 0.5, 8: 0.5}
+    assert seen == [("gate_up", 0), ("gate_up", 4), ("gate_up", 8)]
+    assert tile_gemm.PREFETCH_AHEAD == 0
+
+    def fail(name):
+        raise RuntimeError("launch failed")
+    monkeypatch.setattr(read_floor, "time_gemm", fail)
+    with pytest.raises(RuntimeError):
+        read_floor.time_ahead("gate_up", [6])
+    assert tile_gemm.PREFETCH_AHEAD == 0

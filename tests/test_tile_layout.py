@@ -280,3 +280,21 @@ def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
     else:
         assert run.returncode == 0, run.stderr
         assert run.stdout.split() == ["True"] * 10 + ["4", "1"]
+
+
+@pytest.mark.parametrize("value,ok", [("0", True), ("2", True), ("16", True), ("1", False), ("17", False)])
+def test_prefetch_ahead_takes_0_or_2_to_16_groups(value, ok):
+    """REGATE_GEMM_PREFETCH_AHEAD (kernels/tile_gemm.py): 0 turns it off; fewer than 2 groups ahead would
+    prefetch what the registers already load, so 1 is refused by name, as is more than 16."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "from kernels import tile_gemm; print(tile_gemm.PREFETCH_AHEAD)"],
+                         capture_output=True, text=True, env={**os.environ, "REGATE_GEMM_PREFETCH_AHEAD": value})
+    if ok:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [value]
+    else:
+        assert run.returncode != 0
+        assert f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {value}" in run.stderr

@@ -114,7 +114,11 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
 // ESM: early K groups in shared memory (p.early_smem), its own instantiation so the default kernel
 // keeps its registers (the staged path costs ~12 more a thread, and spills at 80).
-template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM>
+// PFA: K groups p.prefetch_ahead ahead of the one computed are prefetched into L2 in the loop (its own
+// instantiation for the same reason). A warp keeps only two groups in flight in registers (~32 KB an SM
+// at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
+// loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
+template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM, bool PFA = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -194,7 +198,15 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
       }
     }
   }
+  // PFA: the groups the loop's register loads will not have reached by the time group c0 + 2 is read.
+  const int ahead = PFA ? p.prefetch_ahead : 0;
+  if (PFA && active && c0 + 2 < cg1 && ahead > 2)
+    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, c0 + 2, min(ahead - 2, cg1 - c0 - 2), lane);
   for (int cg = c0; cg < cg1; cg += 2) {
+    if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
+      const int from = max(cg + ahead, c0 + 2);
+      if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
+    }
     if (cg + 1 < cg1 && !(staged > 0 && cg == c0)) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
     if constexpr (XS) cp_async_commit();
     run(buf0, cg, 0);
@@ -280,6 +292,7 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
                                                           WARPS * 32, group_bytes);
     q.early_smem = std::min(std::max(p.early_smem, 0), std::max(cap, 0));
     if (q.early_smem > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
+    else if (p.prefetch_ahead > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>;
   }
   const int smem = XS ? 2 * MT * 8 * kXRowBytes : q.early_smem * group_bytes;
   if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)

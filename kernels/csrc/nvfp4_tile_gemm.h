@@ -29,6 +29,9 @@ struct TileGemmArgs {
   int early_smem;          // mma.sync kernel with x via L1: K groups of its weights each warp copies into shared
                            // memory before waiting on the kernel before it (capped where they would cost
                            // occupancy); replaces early_groups; same condition (no kernel writes the weights)
+  int prefetch_ahead;      // mma.sync kernel with x via L1 (m_tiles 1): in the K loop, each warp prefetches into
+                           // L2 the groups up to this many past the one it computes (>= 2; 0: none; not
+                           // with early_smem)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

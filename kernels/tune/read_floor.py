@@ -10,8 +10,9 @@ M=1 with the table's config. `gemm_over_read` near 1: the GEMM already reads as 
 size can, and what is left is between kernels (overlap), not inside one. Where the bytes fit half of
 L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that stays in L2 (`*_l2_ms`):
 if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
-kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. Prints a
-table, then one JSON line. Tuning code: no product module imports it.
+kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
+also times the GEMM (past L2) with each REGATE_GEMM_PREFETCH_AHEAD (K groups kept requested into L2
+ahead of the loop; 0 is the default kernel). Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -91,11 +92,28 @@ def time_gemm(name: str, in_l2: bool = False) -> float:
     return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms))
 
 
+def time_ahead(name: str, aheads: list[int]) -> dict[int, float]:
+    """The tile GEMM at M=1 past L2 at each PREFETCH_AHEAD (the module's switch, set for the call)."""
+    saved, out = tg.PREFETCH_AHEAD, {}
+    try:
+        for ahead in aheads:
+            tg.PREFETCH_AHEAD = ahead
+            out[ahead] = time_gemm(name)
+    finally:
+        tg.PREFETCH_AHEAD = saved
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--ahead", default="", help="comma-separated PREFETCH_AHEAD values to time the GEMM at")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)
+    aheads = [int(v) for v in a.ahead.split(",") if v]
+    bad = [v for v in aheads if v != 0 and not 2 <= v <= 16]
+    if bad:
+        ap.error(f"--ahead: expected 0 or 2..16 K groups, found {bad}")
     read_gbps = read_bandwidth_gbps()
     rows = []
     for name in a.shapes.split(","):
@@ -108,6 +126,8 @@ def main(argv=None) -> None:
             cfg = r["read_config"]
             r["read_l2_ms"] = median_ms(lambda: read(x, cfg["block"], cfg["loads"], cfg["warps"]))
             r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
+        if aheads:
+            r["gemm_ahead_ms"] = time_ahead(name, aheads)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:
@@ -117,6 +137,9 @@ def main(argv=None) -> None:
             if "gemm_l2_ms" in r:
                 print(f"{'':<13}{'':>11}  from L2: read {r['read_l2_ms'] * 1e3:.1f} us, GEMM M=1 {r['gemm_l2_ms'] * 1e3:.1f}",
                       flush=True)
+            if aheads:
+                print(f"{'':<13}{'':>11}  GEMM M=1 by groups prefetched ahead: "
+                      + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ahead_ms"].items()), flush=True)
     print(json.dumps({"bench": "read_floor", **environment(), "read_gbps": read_gbps, "rows": rows}))
 
 
