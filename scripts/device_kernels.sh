@@ -48,7 +48,7 @@ stage_test() {
 stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
   local t0=$SECONDS; $PY -c "from kernels.tile_gemm import extension; extension()"; echo "extension build $((SECONDS - t0)) s"
   $PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_projections_cuda.py -rs -x \
-    -k "${TILE_TESTS:-tile or prepare or graph or early}"
+    -k "${TILE_TESTS:-tile or prepare or graph or early or ahead}"
   $PY -c 'from kernels.build import build; print(build()[0])'
 }
 stage_tilesweep() {
