@@ -28,7 +28,7 @@
 #   bench  the benchmark table + JSON line (docs/BENCHMARKS.md)
 #   tune   sweep (to $OUT/sweep.json), then bench with the sweep's fastest config per M
 #   ncu    Nsight Compute on one tile GEMM (NCU_M rows, NCU_N x NCU_K; default the head): speed of light, memory
-#          workload, occupancy, warp stalls
+#          workload, occupancy, warp stalls; NCU_EXTRA more ncu flags (e.g. "--section SourceCounters")
 #   rsprobe  the wgmma chain microbenchmark (scripts/probe_wgmma_rs.cu): JSON lines to $OUT/rsprobe.jsonl
 # Logs go to $OUT/<stage>.log (or ./device-out when OUT is unset).
 # Usage: bash scripts/device_kernels.sh test sweep bench ncu
@@ -110,7 +110,7 @@ stage_ncu() {  # NCU_M rows of x against an NCU_N x NCU_K operand (default the h
   # that shape, kernels.table.tile_config). ncu flushes the caches before each profiled launch (its default).
   ncu --clock-control none --kernel-name "regex:${NCU_KERNEL:-gemm_kernel}" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis ${NCU_EXTRA:-} \
     $PY -c "
 import torch
 from kernels.tune.bench import random_packed
