@@ -80,6 +80,15 @@ if not 0 <= EARLY_SMEM <= 8:
 PREFETCH_AHEAD = int(os.environ.get("REGATE_GEMM_PREFETCH_AHEAD", "0"))
 if PREFETCH_AHEAD != 0 and not 2 <= PREFETCH_AHEAD <= 16:
     raise ValueError(f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {PREFETCH_AHEAD}")
+# The same loop at M <= 8 with each warp's weights streamed through a ring of N K groups in shared memory
+# instead of the registers' ping-pong (csrc/nvfp4_tile_gemm.cu RING, its own instantiation): one lane's
+# bulk copies fill a slot, so N - 1 groups stay in flight while the warp computes, at no register cost.
+# Capped per config where the slots would fit fewer CTAs on an SM (below 2: the ping-pong kernel).
+# Same values, same order of sums, eagerly as in a graph. REGATE_GEMM_RING=N (2..8; 0, the default:
+# off until an A/B).
+RING_STAGES = int(os.environ.get("REGATE_GEMM_RING", "0"))
+if RING_STAGES != 0 and not 2 <= RING_STAGES <= 8:
+    raise ValueError(f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {RING_STAGES}")
 _counters: dict[int, torch.Tensor] = {}
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
@@ -212,7 +221,8 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer, early_groups(), early_smem(), PREFETCH_AHEAD)
+                                  PREFETCH_GROUPS, defer, early_groups(), early_smem(), PREFETCH_AHEAD,
+                                  RING_STAGES)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

@@ -244,6 +244,40 @@ def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
                 assert torch.equal(y, want), (m, cfg, ahead, "graph")
 
 
+@pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
+def test_ring_changes_nothing(monkeypatch, n, k):
+    """Weights streamed through a ring of K groups in shared memory (kernels/tile_gemm.py RING_STAGES, its
+    own kernel instantiation) give y bit for bit as the register ping-pong, at M 1, 5 and 8, for every
+    M <= 8 config it is built for, 2, 3 and 8 stages (8 is capped where it would cost CTAs an SM), eager
+    and replayed from a graph (where 1 or 2 slots fill before the PDL wait), split K summed by the
+    reduce kernel and in the kernel."""
+    from kernels import tile_gemm
+    from kernels.table import TileConfig
+
+    (w,) = _weights({"w": n}, k, _seed())
+    op = w.kernel_operand
+    configs = [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
+               TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
+    for in_kernel in ("0", "1"):
+        monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", in_kernel)
+        for m in (1, 5, 8):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            for cfg in configs:
+                monkeypatch.setattr(tile_gemm, "RING_STAGES", 0)
+                want = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg).clone()
+                for stages in (2, 3, 8):
+                    monkeypatch.setattr(tile_gemm, "RING_STAGES", stages)
+                    got = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
+                    assert torch.equal(got, want), (in_kernel, m, cfg, stages)
+                    for early in (1, 2):
+                        monkeypatch.setattr(tile_gemm, "EARLY_GROUPS", early)
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph):
+                            y = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
+                        graph.replay()
+                        assert torch.equal(y, want), (in_kernel, m, cfg, stages, early, "graph")
+
+
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
 def test_early_weight_loads_change_nothing(monkeypatch, n, k):
     """Weights loaded before the PDL wait (kernels/tile_gemm.py EARLY_GROUPS, only inside a graph

@@ -298,3 +298,21 @@ def test_prefetch_ahead_takes_0_or_2_to_16_groups(value, ok):
     else:
         assert run.returncode != 0
         assert f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {value}" in run.stderr
+
+
+@pytest.mark.parametrize("value,ok", [("0", True), ("2", True), ("8", True), ("1", False), ("9", False)])
+def test_ring_takes_0_or_2_to_8_groups(value, ok):
+    """REGATE_GEMM_RING (kernels/tile_gemm.py): 0 turns it off; a ring of one slot would wait on every
+    group, so 1 is refused by name, as is more than 8 (the launcher's shared-memory cap)."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "from kernels import tile_gemm; print(tile_gemm.RING_STAGES)"],
+                         capture_output=True, text=True, env={**os.environ, "REGATE_GEMM_RING": value})
+    if ok:
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == [value]
+    else:
+        assert run.returncode != 0
+        assert f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {value}" in run.stderr

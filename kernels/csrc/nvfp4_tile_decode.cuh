@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "sm90_async.cuh"
+
 namespace tile {
 
 constexpr uint32_t kBf16Mask = 0x81C081C0u;  // sign + e1 e0 m of both bf16 halves
@@ -127,6 +129,23 @@ __device__ __forceinline__ void stage_group(uint8_t* dst, const uint4* w, const 
 #pragma unroll
     for (int cc = 0; cc < 4; ++cc) cp_async16(d + 16 * (32 * cc + lane), wp + cc * 32, true);
     cp_async8(d + 2048 + 8 * lane, sc + ((size_t)rt * groups + cg) * 32 + lane);
+  }
+}
+
+// The ring (the mma.sync kernel's RING): one warp's K group cg of R row tiles into `slot` (the
+// kGroupSmemBytes layout above) by two bulk (TMA) copies per tile, the weights' 2 KiB and the scale
+// codes' 256 bytes (both contiguous in the tile layout), completing on the mbarrier `bar`. One lane
+// issues it; no register holds the bytes in flight.
+template <int R>
+__device__ __forceinline__ void ring_fill(uint8_t* slot, uint32_t bar, const uint4* w, const uint2* sc, int rt0,
+                                          int row_tiles, int chunks, int groups, int cg) {
+  mbar_expect_bytes(bar, R * kGroupSmemBytes);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int rt = min(rt0 + r, row_tiles - 1);  // as load_group: a clamped re-read, never stored
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + r * kGroupSmemBytes));
+    bulk_copy(dst, w + ((size_t)rt * chunks + 4 * cg) * 32, 2048, bar);
+    bulk_copy(dst + 2048, sc + ((size_t)rt * groups + cg) * 32, 256, bar);
   }
 }
 

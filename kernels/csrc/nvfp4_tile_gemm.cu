@@ -108,6 +108,50 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
   }
 }
 
+// RING (m_tiles 1, x via L1): each warp streams its weights through a ring of p.ring_stages K groups in
+// shared memory, each slot filled by one lane's bulk (TMA) copies and completing on its own mbarrier.
+// The register ping-pong keeps one group in flight while a warp computes; at M=1 the loop then waits
+// on DRAM's latency every group (gate_up: a group every ~1.7 us a warp, ~3x its compute). The ring
+// keeps ring_stages - 1 in flight and costs no registers. Dynamic shared memory: the warps' mbarriers
+// (kRingBarBytes), then warp w's slots at w * ring_stages * R * kGroupSmemBytes.
+constexpr int kRingBarBytes = 16 * 8 * 8;  // up to 16 warps x 8 stages
+
+template <int R>
+__device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmArgs& p, const XRows<1>& xr,
+                                          uint8_t* smem, int rt0, bool active, int cg0, int cg1, int chunks,
+                                          int groups, int warp, int lane, int g, int t) {
+  const int stages = p.ring_stages, n = active ? cg1 - cg0 : 0;
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 8 * stages * warp;
+  uint8_t* ring = smem + kRingBarBytes + warp * stages * R * kGroupSmemBytes;
+  if (lane == 0)
+    for (int s = 0; s < stages; ++s) mbar_init(bars + 8 * s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncwarp();
+  auto fill = [&](int j) {
+    if (lane == 0)
+      ring_fill<R>(ring + j % stages * R * kGroupSmemBytes, bars + 8 * (j % stages), p.w, p.scales, rt0, p.row_tiles,
+                   chunks, groups, cg0 + j);
+  };
+  // As the ping-pong's early groups: only where no kernel writes the weights may a copy start before the
+  // wait; the rest of the ring fills after it.
+  const int first = min(n, stages), early = min(first, p.early_groups);
+  for (int j = 0; j < early; ++j) fill(j);
+  grid_dependency_wait();
+  for (int j = early; j < first; ++j) fill(j);
+  for (int j = 0; j < n; ++j) {
+    const int slot = j % stages;
+    mbar_wait(bars + 8 * slot, (j / stages) & 1);
+    Group<R> gr;
+    lds_group<R>(gr, ring + slot * R * kGroupSmemBytes, lane);
+    compute_group<1, R, false>(acc, gr, xr, nullptr, cg0 + j, g, t);
+    if (j + stages < n) {
+      __syncwarp();  // every lane has used its bytes of the slot (compute_group consumed them) ...
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... before the async proxy rewrites it
+      fill(j + stages);
+    }
+  }
+}
+
 // grid: (M blocks of 8*MT rows x CTAs over row tiles, K splits). The M block varies fastest, so
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
@@ -118,7 +162,7 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // instantiation for the same reason). A warp keeps only two groups in flight in registers (~32 KB an SM
 // at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
 // loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
-template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM, bool PFA = false>
+template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM, bool PFA = false, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -172,48 +216,52 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // copied before the wait, so up to the launcher's cap of them arrive while the kernels before this
   // one run, not just the one or two the registers hold. After the wait the warp first puts the next
   // two groups in flight into registers, then computes the staged ones from shared memory.
-  int staged = 0;
-  if constexpr (ESM && !XS) staged = active ? min(p.early_smem, cg1 - cg0) : 0;
-  uint8_t* wsm = x_smem + warp * p.early_smem * R * kGroupSmemBytes;
-  for (int j = 0; j < staged; ++j)
-    stage_group<R>(wsm + j * R * kGroupSmemBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + j, lane);
-  if (staged > 0) cp_async_commit();
-  const int early = active && staged == 0 ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
-  if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
-  if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
-  if (early == 0 && staged == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
-    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
-  grid_dependency_wait();
-  const int c0 = cg0 + staged;  // the first group the loop below reads from global memory
-  if (c0 < cg1) fetch(buf0, c0, 0, early < 1);
-  if constexpr (XS) cp_async_commit();
-  if constexpr (ESM && !XS) {
-    if (staged > 0) {
-      if (c0 + 1 < cg1) fetch(buf1, c0 + 1, 1, true);
-      cp_async_wait<0>();  // this lane's staged bytes (each lane reads only what it copied)
-      for (int j = 0; j < staged; ++j) {
-        Group<R> gs;
-        lds_group<R>(gs, wsm + j * R * kGroupSmemBytes, lane);
-        compute_group<MT, R, false>(acc, gs, xr, nullptr, cg0 + j, g, t);
+  if constexpr (RING) {
+    ring_loop<R>(acc, p, xr, x_smem, rt0, active, cg0, cg1, chunks, groups, warp, lane, g, t);
+  } else {
+    int staged = 0;
+    if constexpr (ESM && !XS) staged = active ? min(p.early_smem, cg1 - cg0) : 0;
+    uint8_t* wsm = x_smem + warp * p.early_smem * R * kGroupSmemBytes;
+    for (int j = 0; j < staged; ++j)
+      stage_group<R>(wsm + j * R * kGroupSmemBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + j, lane);
+    if (staged > 0) cp_async_commit();
+    const int early = active && staged == 0 ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+    if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
+    if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
+    if (early == 0 && staged == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
+      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
+    grid_dependency_wait();
+    const int c0 = cg0 + staged;  // the first group the loop below reads from global memory
+    if (c0 < cg1) fetch(buf0, c0, 0, early < 1);
+    if constexpr (XS) cp_async_commit();
+    if constexpr (ESM && !XS) {
+      if (staged > 0) {
+        if (c0 + 1 < cg1) fetch(buf1, c0 + 1, 1, true);
+        cp_async_wait<0>();  // this lane's staged bytes (each lane reads only what it copied)
+        for (int j = 0; j < staged; ++j) {
+          Group<R> gs;
+          lds_group<R>(gs, wsm + j * R * kGroupSmemBytes, lane);
+          compute_group<MT, R, false>(acc, gs, xr, nullptr, cg0 + j, g, t);
+        }
       }
     }
-  }
-  // PFA: the groups the loop's register loads will not have reached by the time group c0 + 2 is read.
-  const int ahead = PFA ? p.prefetch_ahead : 0;
-  if (PFA && active && c0 + 2 < cg1 && ahead > 2)
-    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, c0 + 2, min(ahead - 2, cg1 - c0 - 2), lane);
-  for (int cg = c0; cg < cg1; cg += 2) {
-    if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
-      const int from = max(cg + ahead, c0 + 2);
-      if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
+    // PFA: the groups the loop's register loads will not have reached by the time group c0 + 2 is read.
+    const int ahead = PFA ? p.prefetch_ahead : 0;
+    if (PFA && active && c0 + 2 < cg1 && ahead > 2)
+      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, c0 + 2, min(ahead - 2, cg1 - c0 - 2), lane);
+    for (int cg = c0; cg < cg1; cg += 2) {
+      if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
+        const int from = max(cg + ahead, c0 + 2);
+        if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
+      }
+      if (cg + 1 < cg1 && !(staged > 0 && cg == c0)) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
+      if constexpr (XS) cp_async_commit();
+      run(buf0, cg, 0);
+      if (cg + 1 >= cg1) break;
+      if (cg + 2 < cg1) fetch(buf0, cg + 2, 0, true);
+      if constexpr (XS) cp_async_commit();
+      run(buf1, cg + 1, 1);
     }
-    if (cg + 1 < cg1 && !(staged > 0 && cg == c0)) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
-    if constexpr (XS) cp_async_commit();
-    run(buf0, cg, 0);
-    if (cg + 1 >= cg1) break;
-    if (cg + 2 < cg1) fetch(buf0, cg + 2, 0, true);
-    if constexpr (XS) cp_async_commit();
-    run(buf1, cg + 1, 1);
   }
   launch_dependents();  // the next kernel may be scheduled (it waits for this grid before any access)
   // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
@@ -259,22 +307,22 @@ __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
   p.y[off] = __float2bfloat16_rn(s * row_scale_of(p, (int)(i % n_main)));
 }
 
-// How many early K groups a CTA of `kernel` may stage in shared memory without fitting fewer CTAs on
-// an SM than its registers allow (at most 8), with the kernel's dynamic limit raised to that. Queries
-// and an attribute only, no stream work, so it may run during a graph capture (where early groups are
-// asked for).
-int early_smem_cap(void (*kernel)(TileGemmArgs, int), int threads, int bytes_per_group) {
+// How many stages of `bytes_per_stage` (besides `fixed_bytes`) a CTA of `kernel` may hold in shared
+// memory without fitting fewer CTAs on an SM than its registers allow (at most 8), with the kernel's
+// dynamic limit raised to that: the early groups (ESM) and the ring (RING). Queries and an attribute
+// only, no stream work, so it may run during a graph capture (where early groups are asked for).
+int smem_stage_cap(void (*kernel)(TileGemmArgs, int), int threads, int fixed_bytes, int bytes_per_stage) {
   int dev = 0, ctas = 0, per_sm = 0, per_cta = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, 0) != cudaSuccess ||
       cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return 0;
-  const int budget = std::min(per_cta, per_sm / std::max(ctas, 1) - 1024);  // 1 KB an SM keeps per CTA
-  int cap = std::max(0, std::min(8, budget / bytes_per_group));
-  if (cap * bytes_per_group > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap * bytes_per_group) != cudaSuccess)
-    cap = 48 * 1024 / bytes_per_group;
+  const int budget = std::min(per_cta, per_sm / std::max(ctas, 1) - 1024) - fixed_bytes;  // 1 KB an SM keeps per CTA
+  int cap = std::max(0, std::min(8, budget / bytes_per_stage));
+  const int bytes = fixed_bytes + cap * bytes_per_stage;
+  if (bytes > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    cap = std::max(0, (48 * 1024 - fixed_bytes) / bytes_per_stage);
   return cap;
 }
 
@@ -288,13 +336,23 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int group_bytes = WARPS * R * kGroupSmemBytes;  // one early group of every warp
   if constexpr (MT == 1 && !XS) {  // early groups in shared memory: built for the M <= 8 rows (x via L1)
     static int cap = -1;  // asked once, and only where early groups are asked for
-    if (p.early_smem > 0 && cap < 0) cap = early_smem_cap(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>,
-                                                          WARPS * 32, group_bytes);
+    if (p.early_smem > 0 && cap < 0) cap = smem_stage_cap(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>,
+                                                          WARPS * 32, 0, group_bytes);
     q.early_smem = std::min(std::max(p.early_smem, 0), std::max(cap, 0));
+    static int ring_cap = -1;  // the same, for the ring: asked once, where a ring is asked for
+    auto ring = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, false, true>;
+    if (p.ring_stages > 0 && q.early_smem == 0 && ring_cap < 0)
+      ring_cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, group_bytes);
+    q.ring_stages = q.early_smem == 0 ? std::min(std::max(p.ring_stages, 0), std::max(ring_cap, 0)) : 0;
+    if (q.ring_stages < 2) q.ring_stages = 0;  // one slot is no ring: the ping-pong kernel
     if (q.early_smem > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
+    else if (q.ring_stages > 0) kernel = ring;
     else if (p.prefetch_ahead > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>;
+  } else {
+    q.ring_stages = 0;
   }
-  const int smem = XS ? 2 * MT * 8 * kXRowBytes : q.early_smem * group_bytes;
+  const int smem = XS ? 2 * MT * 8 * kXRowBytes
+                      : q.ring_stages > 0 ? kRingBarBytes + q.ring_stages * group_bytes : q.early_smem * group_bytes;
   if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;

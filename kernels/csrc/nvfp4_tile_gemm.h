@@ -32,6 +32,10 @@ struct TileGemmArgs {
   int prefetch_ahead;      // mma.sync kernel with x via L1 (m_tiles 1): in the K loop, each warp prefetches into
                            // L2 the groups up to this many past the one it computes (>= 2; 0: none; not
                            // with early_smem)
+  int ring_stages;         // mma.sync kernel with x via L1 (m_tiles 1): each warp streams its weights through a
+                           // ring of this many K groups in shared memory, filled by bulk copies (2..8, capped
+                           // where it would fit fewer CTAs on an SM; 0: the register ping-pong; not with
+                           // early_smem)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

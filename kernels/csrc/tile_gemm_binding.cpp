@@ -72,7 +72,7 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
                    const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups, bool defer_sum,
-                   int64_t early_groups, int64_t early_smem, int64_t prefetch_ahead) {
+                   int64_t early_groups, int64_t early_smem, int64_t prefetch_ahead, int64_t ring_stages) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
                              splits);
@@ -83,6 +83,8 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
   p.early_smem = (int)early_smem;
   check(prefetch_ahead == 0 || (prefetch_ahead >= 2 && prefetch_ahead <= 16), "prefetch_ahead must be 0 or 2..16");
   p.prefetch_ahead = (int)prefetch_ahead;
+  check(ring_stages == 0 || (ring_stages >= 2 && ring_stages <= 8), "ring_stages must be 0 or 2..8");
+  p.ring_stages = (int)ring_stages;
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
                                     (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,

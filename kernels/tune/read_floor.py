@@ -12,7 +12,8 @@ L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that sta
 if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
 kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
 also times the GEMM (past L2) with each REGATE_GEMM_PREFETCH_AHEAD (K groups kept requested into L2
-ahead of the loop; 0 is the default kernel). Prints a table, then one JSON line. Tuning code: no product module imports it.
+ahead of the loop; 0 is the default kernel), `--ring 0,3,4` with each REGATE_GEMM_RING (the weights
+streamed through a ring of that many K groups in shared memory). Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -92,28 +93,37 @@ def time_gemm(name: str, in_l2: bool = False) -> float:
     return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms))
 
 
-def time_ahead(name: str, aheads: list[int]) -> dict[int, float]:
-    """The tile GEMM at M=1 past L2 at each PREFETCH_AHEAD (the module's switch, set for the call)."""
-    saved, out = tg.PREFETCH_AHEAD, {}
+def time_switch(name: str, switch: str, values: list[int]) -> dict[int, float]:
+    """The tile GEMM at M=1 past L2 at each value of kernels.tile_gemm's `switch` (PREFETCH_AHEAD,
+    RING_STAGES), set for the call and put back after it."""
+    saved, out = getattr(tg, switch), {}
     try:
-        for ahead in aheads:
-            tg.PREFETCH_AHEAD = ahead
-            out[ahead] = time_gemm(name)
+        for v in values:
+            setattr(tg, switch, v)
+            out[v] = time_gemm(name)
     finally:
-        tg.PREFETCH_AHEAD = saved
+        setattr(tg, switch, saved)
     return out
+
+
+def values_arg(ap: argparse.ArgumentParser, flag: str, text: str, lo: int, hi: int) -> list[int]:
+    """A comma-separated list of 0 or lo..hi, or the parser's error naming the flag and what it found."""
+    values = [int(v) for v in text.split(",") if v]
+    bad = [v for v in values if v != 0 and not lo <= v <= hi]
+    if bad:
+        ap.error(f"{flag}: expected 0 or {lo}..{hi} K groups, found {bad}")
+    return values
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ahead", default="", help="comma-separated PREFETCH_AHEAD values to time the GEMM at")
+    ap.add_argument("--ring", default="", help="comma-separated RING_STAGES values to time the GEMM at")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)
-    aheads = [int(v) for v in a.ahead.split(",") if v]
-    bad = [v for v in aheads if v != 0 and not 2 <= v <= 16]
-    if bad:
-        ap.error(f"--ahead: expected 0 or 2..16 K groups, found {bad}")
+    aheads = values_arg(ap, "--ahead", a.ahead, 2, 16)
+    rings = values_arg(ap, "--ring", a.ring, 2, 8)
     read_gbps = read_bandwidth_gbps()
     rows = []
     for name in a.shapes.split(","):
@@ -127,7 +137,9 @@ def main(argv=None) -> None:
             r["read_l2_ms"] = median_ms(lambda: read(x, cfg["block"], cfg["loads"], cfg["warps"]))
             r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
         if aheads:
-            r["gemm_ahead_ms"] = time_ahead(name, aheads)
+            r["gemm_ahead_ms"] = time_switch(name, "PREFETCH_AHEAD", aheads)
+        if rings:
+            r["gemm_ring_ms"] = time_switch(name, "RING_STAGES", rings)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:
@@ -140,6 +152,9 @@ def main(argv=None) -> None:
             if aheads:
                 print(f"{'':<13}{'':>11}  GEMM M=1 by groups prefetched ahead: "
                       + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ahead_ms"].items()), flush=True)
+            if rings:
+                print(f"{'':<13}{'':>11}  GEMM M=1 by ring stages: "
+                      + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ring_ms"].items()), flush=True)
     print(json.dumps({"bench": "read_floor", **environment(), "read_gbps": read_gbps, "rows": rows}))
 
 
