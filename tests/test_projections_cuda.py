@@ -217,18 +217,36 @@ def test_early_groups_in_shared_memory_change_nothing(monkeypatch, n, k):
             op.codes.copy_(saved[1])
 
 
+def _m8_configs():
+    """Every config the M <= 8 loop variants (PREFETCH_AHEAD, RING_STAGES) are built for: m_tiles 1, x
+    via L1; 1, 2 and 4 row tiles a warp, 4 and 8 warps, each register cap."""
+    from kernels.table import TileConfig
+
+    return [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
+            TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
+
+
+def _replayed(x, op, global_scale, cfg):
+    """The tile GEMM's y captured into a CUDA graph and replayed once (the capture's switches apply)."""
+    from kernels import tile_gemm
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = tile_gemm.tile_gemm(x, op, global_scale, config=cfg)
+    graph.replay()
+    return y
+
+
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
 def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
     """K groups prefetched into L2 ahead of the loop (kernels/tile_gemm.py PREFETCH_AHEAD, its own
     kernel instantiation) give y bit for bit as without, at M 1, 5 and 8, for every M <= 8 config it is
     built for, 2, 3 and 16 groups ahead (more than a split has), eager and replayed from a graph."""
     from kernels import tile_gemm
-    from kernels.table import TileConfig
 
     (w,) = _weights({"w": n}, k, _seed())
     op = w.kernel_operand
-    configs = [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
-               TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
+    configs = _m8_configs()
     for m in (1, 5, 8):
         x = torch.randn(m, k, device="cuda").bfloat16()
         for cfg in configs:
@@ -237,11 +255,7 @@ def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
             for ahead in (2, 3, 16):
                 monkeypatch.setattr(tile_gemm, "PREFETCH_AHEAD", ahead)
                 assert torch.equal(tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg), want), (m, cfg, ahead)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    y = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
-                graph.replay()
-                assert torch.equal(y, want), (m, cfg, ahead, "graph")
+                assert torch.equal(_replayed(x, op, w.global_scale, cfg), want), (m, cfg, ahead, "graph")
 
 
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
@@ -252,12 +266,10 @@ def test_ring_changes_nothing(monkeypatch, n, k):
     and replayed from a graph (where 1 or 2 slots fill before the PDL wait), split K summed by the
     reduce kernel and in the kernel."""
     from kernels import tile_gemm
-    from kernels.table import TileConfig
 
     (w,) = _weights({"w": n}, k, _seed())
     op = w.kernel_operand
-    configs = [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
-               TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
+    configs = _m8_configs()
     for in_kernel in ("0", "1"):
         monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", in_kernel)
         for m in (1, 5, 8):
@@ -271,11 +283,8 @@ def test_ring_changes_nothing(monkeypatch, n, k):
                     assert torch.equal(got, want), (in_kernel, m, cfg, stages)
                     for early in (1, 2):
                         monkeypatch.setattr(tile_gemm, "EARLY_GROUPS", early)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph):
-                            y = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
-                        graph.replay()
-                        assert torch.equal(y, want), (in_kernel, m, cfg, stages, early, "graph")
+                        assert torch.equal(_replayed(x, op, w.global_scale, cfg), want), (in_kernel, m, cfg, stages,
+                                                                                        early, "graph")
 
 
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])

@@ -282,37 +282,23 @@ def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
         assert run.stdout.split() == ["True"] * 10 + ["4", "1"]
 
 
-@pytest.mark.parametrize("value,ok", [("0", True), ("2", True), ("16", True), ("1", False), ("17", False)])
-def test_prefetch_ahead_takes_0_or_2_to_16_groups(value, ok):
-    """REGATE_GEMM_PREFETCH_AHEAD (kernels/tile_gemm.py): 0 turns it off; fewer than 2 groups ahead would
-    prefetch what the registers already load, so 1 is refused by name, as is more than 16."""
+@pytest.mark.parametrize("var,attr,hi", [("REGATE_GEMM_PREFETCH_AHEAD", "PREFETCH_AHEAD", 16),
+                                         ("REGATE_GEMM_RING", "RING_STAGES", 8)])
+@pytest.mark.parametrize("value", ["0", "2", "hi", "1", "hi+1"])
+def test_loop_switches_take_0_or_2_to_their_cap(var, attr, hi, value):
+    """REGATE_GEMM_PREFETCH_AHEAD and REGATE_GEMM_RING (kernels/tile_gemm.py): 0 turns each off; 1 is
+    refused by name (a prefetch 1 ahead is what the registers already load; a ring of one slot waits
+    on every group), as is more than the cap (16 groups ahead; 8 slots, the launcher's shared-memory cap)."""
     import os
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", "from kernels import tile_gemm; print(tile_gemm.PREFETCH_AHEAD)"],
-                         capture_output=True, text=True, env={**os.environ, "REGATE_GEMM_PREFETCH_AHEAD": value})
-    if ok:
+    value = {"hi": str(hi), "hi+1": str(hi + 1)}.get(value, value)
+    run = subprocess.run([sys.executable, "-c", f"from kernels import tile_gemm; print(tile_gemm.{attr})"],
+                         capture_output=True, text=True, env={**os.environ, var: value})
+    if value in ("0", "2", str(hi)):
         assert run.returncode == 0, run.stderr
         assert run.stdout.split() == [value]
     else:
         assert run.returncode != 0
-        assert f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {value}" in run.stderr
-
-
-@pytest.mark.parametrize("value,ok", [("0", True), ("2", True), ("8", True), ("1", False), ("9", False)])
-def test_ring_takes_0_or_2_to_8_groups(value, ok):
-    """REGATE_GEMM_RING (kernels/tile_gemm.py): 0 turns it off; a ring of one slot would wait on every
-    group, so 1 is refused by name, as is more than 8 (the launcher's shared-memory cap)."""
-    import os
-    import subprocess
-    import sys
-
-    run = subprocess.run([sys.executable, "-c", "from kernels import tile_gemm; print(tile_gemm.RING_STAGES)"],
-                         capture_output=True, text=True, env={**os.environ, "REGATE_GEMM_RING": value})
-    if ok:
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == [value]
-    else:
-        assert run.returncode != 0
-        assert f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {value}" in run.stderr
+        assert f"{var}: expected 0 (off) or 2..{hi} K groups, found {value}" in run.stderr
