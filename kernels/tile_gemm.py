@@ -62,15 +62,6 @@ PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "0"))
 # directly follow the load-time kernel that wrote them (a read before the wait could see old bytes).
 # REGATE_GEMM_EARLY_WEIGHTS=N sets N (0: off).
 EARLY_GROUPS = int(os.environ.get("REGATE_GEMM_EARLY_WEIGHTS", "1"))
-# K groups (0-8) of its weights each warp of the mma.sync kernel copies into SHARED memory before the
-# wait instead (the M <= 8 rows: m_tiles 1, x via L1; csrc/nvfp4_tile_gemm.cu ESM): the registers hold
-# one or two groups, shared memory up to 8, so more of a decode GEMM's weights arrive while the small
-# kernels before it run. Capped per config where it would fit fewer CTAs on an SM; where on it replaces
-# EARLY_GROUPS; only inside a graph capture, for the same reason. REGATE_GEMM_EARLY_SMEM=N (0: off, the
-# default until an A/B on the H200 shows it).
-EARLY_SMEM = int(os.environ.get("REGATE_GEMM_EARLY_SMEM", "0"))
-if not 0 <= EARLY_SMEM <= 8:
-    raise ValueError(f"REGATE_GEMM_EARLY_SMEM: expected 0..8 K groups, found {EARLY_SMEM}")
 # In the K loop of the mma.sync kernel at M <= 8 (m_tiles 1, x via L1), each warp keeps the K groups up
 # to N past the one it computes requested into L2 (csrc/nvfp4_tile_gemm.cu PFA, its own instantiation):
 # the registers hold only two groups in flight, so a load may wait on DRAM's latency every group; with
@@ -144,12 +135,6 @@ def early_groups() -> int:
     return EARLY_GROUPS if EARLY_GROUPS > 0 and torch.cuda.is_current_stream_capturing() else 0
 
 
-def early_smem() -> int:
-    """The mma.sync kernel's early groups in shared memory for this call: EARLY_SMEM while a CUDA graph
-    is being captured on the current stream, else 0 (see EARLY_SMEM)."""
-    return EARLY_SMEM if EARLY_SMEM > 0 and torch.cuda.is_current_stream_capturing() else 0
-
-
 def split_counters(device: torch.device) -> torch.Tensor | None:
     """The device's split-K arrival counters (zeroed once; each launch leaves them zero), or None:
     the splits are then summed by a second kernel. Never first allocated inside a graph capture."""
@@ -221,8 +206,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer, early_groups(), early_smem(), PREFETCH_AHEAD,
-                                  RING_STAGES)
+                                  PREFETCH_GROUPS, defer, early_groups(), PREFETCH_AHEAD, RING_STAGES)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

@@ -181,42 +181,6 @@ def test_the_engine_sums_split_k_in_the_norm_bit_for_bit(monkeypatch):
     assert torch.equal(out["1"][1], out["0"][1])
 
 
-@pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
-def test_early_groups_in_shared_memory_change_nothing(monkeypatch, n, k):
-    """The mma.sync kernel's early K groups staged in shared memory (kernels/tile_gemm.py EARLY_SMEM,
-    only inside a graph capture) give the eager GEMM's y bit for bit, for every M <= 8 config it is
-    built for (1, 2 and 4 row tiles a warp; 4 and 8 warps) and 2, 3 or 8 groups asked (8 is capped
-    where it would cost CTAs an SM): splits with fewer groups than staged, and with more. Behind a
-    kernel that writes x, across replays, and after the weights are rewritten in place."""
-    from kernels import tile_gemm
-    from kernels.table import TileConfig
-
-    w, other = _weights({"w": n, "other": n}, k, _seed())
-    op, alt = w.kernel_operand, other.kernel_operand
-    assert tile_gemm.early_smem() == 0  # never outside a capture
-    configs = [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
-               TileConfig(1, 2, 8, min_ctas=2)]
-    for cfg in configs:
-        for staged in (2, 3, 8):
-            monkeypatch.setattr(tile_gemm, "EARLY_SMEM", staged)
-            x = torch.zeros(1, k, device="cuda").bfloat16()
-            tile_gemm.tile_gemm(x * 2, op, w.global_scale, config=cfg)  # warm outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = tile_gemm.tile_gemm(x * 2, op, w.global_scale, config=cfg)
-            saved = op.words.clone(), op.codes.clone()
-            for i in range(3):
-                x.copy_(torch.randn(1, k, device="cuda"))
-                if i == 2:
-                    op.words.copy_(alt.words)
-                    op.codes.copy_(alt.codes)
-                graph.replay()
-                eager = tile_gemm.tile_gemm(x * 2, op, w.global_scale, config=cfg)
-                assert torch.equal(y, eager), (cfg, staged, i)
-            op.words.copy_(saved[0])
-            op.codes.copy_(saved[1])
-
-
 def _m8_configs():
     """Every config the M <= 8 loop variants (PREFETCH_AHEAD, RING_STAGES) are built for: m_tiles 1, x
     via L1; 1, 2 and 4 row tiles a warp, 4 and 8 warps, each register cap."""
@@ -288,12 +252,15 @@ def test_ring_changes_nothing(monkeypatch, n, k):
 
 
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
-def test_early_weight_loads_change_nothing(monkeypatch, n, k):
+@pytest.mark.parametrize("stages", [0, 3])
+def test_early_weight_loads_change_nothing(monkeypatch, n, k, stages):
     """Weights loaded before the PDL wait (kernels/tile_gemm.py EARLY_GROUPS, only inside a graph
     capture) give the eager GEMM's y bit for bit at 0, 1 and 2 early groups, behind a kernel that
-    writes x, across replays, and after the weights are rewritten in place between replays."""
+    writes x, across replays, and after the weights are rewritten in place between replays: into
+    registers (the ping-pong) and into the ring's slots (RING_STAGES 3)."""
     from kernels import tile_gemm
 
+    monkeypatch.setattr(tile_gemm, "RING_STAGES", stages)
     w, other = _weights({"w": n, "other": n}, k, _seed())
     assert tile_gemm.early_groups() == 0  # never outside a capture
     for early in (0, 1, 2):
@@ -310,6 +277,6 @@ def test_early_weight_loads_change_nothing(monkeypatch, n, k):
                 w.kernel_operand.words.copy_(other.kernel_operand.words)
                 w.kernel_operand.codes.copy_(other.kernel_operand.codes)
             graph.replay()
-            assert torch.equal(y, matmul(x * 2, w)), (early, i)
+            assert torch.equal(y, matmul(x * 2, w)), (stages, early, i)
         w.kernel_operand.words.copy_(saved[0])
         w.kernel_operand.codes.copy_(saved[1])

@@ -103,34 +103,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* src, bool rea
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(real ? 16 : 0));
 }
 
-// 8 bytes global -> shared (cp.async.cg takes only 16; .ca also 4 and 8).
-__device__ __forceinline__ void cp_async8(void* smem, const void* src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// One warp's K group of R row tiles in shared memory (the mma.sync kernel's early groups): per row
+// One warp's K group of R row tiles in shared memory (a slot of the mma.sync kernel's ring): per row
 // tile the 4 chunks' words, lane-major (lane l's uint4 of chunk cc at 16 * (32 cc + l)), then the 32
-// lanes' scale codes (uint2). Each lane copies and later reads only its own bytes.
+// lanes' scale codes (uint2): the tile layout's own byte order, so one bulk copy moves each part.
 constexpr int kGroupSmemBytes = 4 * 32 * 16 + 32 * 8;
-
-template <int R>
-__device__ __forceinline__ void stage_group(uint8_t* dst, const uint4* w, const uint2* sc, int rt0, int row_tiles,
-                                            int chunks, int groups, int cg, int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = min(rt0 + r, row_tiles - 1);  // as load_group: a clamped re-read, never stored
-    const uint4* wp = w + ((size_t)rt * chunks + 4 * cg) * 32 + lane;
-    uint8_t* d = dst + r * kGroupSmemBytes;
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) cp_async16(d + 16 * (32 * cc + lane), wp + cc * 32, true);
-    cp_async8(d + 2048 + 8 * lane, sc + ((size_t)rt * groups + cg) * 32 + lane);
-  }
-}
 
 // The ring (the mma.sync kernel's RING): one warp's K group cg of R row tiles into `slot` (the
 // kGroupSmemBytes layout above) by two bulk (TMA) copies per tile, the weights' 2 KiB and the scale

@@ -156,13 +156,11 @@ __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmA
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
-// ESM: early K groups in shared memory (p.early_smem), its own instantiation so the default kernel
-// keeps its registers (the staged path costs ~12 more a thread, and spills at 80).
 // PFA: K groups p.prefetch_ahead ahead of the one computed are prefetched into L2 in the loop (its own
-// instantiation for the same reason). A warp keeps only two groups in flight in registers (~32 KB an SM
+// instantiation, so the default kernel keeps its registers). A warp keeps only two groups in flight in registers (~32 KB an SM
 // at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
 // loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
-template <int MT, int R, int WARPS, bool XS, int MINB, bool ESM, bool PFA = false, bool RING = false>
+template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -212,49 +210,27 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // written them): then the first early_groups K groups load into registers before the wait, so
   // the weight stream starts during the previous kernels' tail. Otherwise they may only be
   // prefetched into L2 (coherent) meanwhile.
-  // The same, into shared memory (p.early_smem; x via L1 only): the warp's first `staged` K groups are
-  // copied before the wait, so up to the launcher's cap of them arrive while the kernels before this
-  // one run, not just the one or two the registers hold. After the wait the warp first puts the next
-  // two groups in flight into registers, then computes the staged ones from shared memory.
   if constexpr (RING) {
     ring_loop<R>(acc, p, xr, x_smem, rt0, active, cg0, cg1, chunks, groups, warp, lane, g, t);
   } else {
-    int staged = 0;
-    if constexpr (ESM && !XS) staged = active ? min(p.early_smem, cg1 - cg0) : 0;
-    uint8_t* wsm = x_smem + warp * p.early_smem * R * kGroupSmemBytes;
-    for (int j = 0; j < staged; ++j)
-      stage_group<R>(wsm + j * R * kGroupSmemBytes, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + j, lane);
-    if (staged > 0) cp_async_commit();
-    const int early = active && staged == 0 ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+    const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
     if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
     if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
-    if (early == 0 && staged == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
+    if (early == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
       prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
     grid_dependency_wait();
-    const int c0 = cg0 + staged;  // the first group the loop below reads from global memory
-    if (c0 < cg1) fetch(buf0, c0, 0, early < 1);
+    if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
     if constexpr (XS) cp_async_commit();
-    if constexpr (ESM && !XS) {
-      if (staged > 0) {
-        if (c0 + 1 < cg1) fetch(buf1, c0 + 1, 1, true);
-        cp_async_wait<0>();  // this lane's staged bytes (each lane reads only what it copied)
-        for (int j = 0; j < staged; ++j) {
-          Group<R> gs;
-          lds_group<R>(gs, wsm + j * R * kGroupSmemBytes, lane);
-          compute_group<MT, R, false>(acc, gs, xr, nullptr, cg0 + j, g, t);
-        }
-      }
-    }
-    // PFA: the groups the loop's register loads will not have reached by the time group c0 + 2 is read.
+    // PFA: the groups the loop's register loads will not have reached by the time group cg0 + 2 is read.
     const int ahead = PFA ? p.prefetch_ahead : 0;
-    if (PFA && active && c0 + 2 < cg1 && ahead > 2)
-      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, c0 + 2, min(ahead - 2, cg1 - c0 - 2), lane);
-    for (int cg = c0; cg < cg1; cg += 2) {
+    if (PFA && active && cg0 + 2 < cg1 && ahead > 2)
+      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 2, min(ahead - 2, cg1 - cg0 - 2), lane);
+    for (int cg = cg0; cg < cg1; cg += 2) {
       if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
-        const int from = max(cg + ahead, c0 + 2);
+        const int from = max(cg + ahead, cg0 + 2);
         if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
       }
-      if (cg + 1 < cg1 && !(staged > 0 && cg == c0)) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
+      if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
       if constexpr (XS) cp_async_commit();
       run(buf0, cg, 0);
       if (cg + 1 >= cg1) break;
@@ -309,8 +285,8 @@ __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
 
 // How many stages of `bytes_per_stage` (besides `fixed_bytes`) a CTA of `kernel` may hold in shared
 // memory without fitting fewer CTAs on an SM than its registers allow (at most 8), with the kernel's
-// dynamic limit raised to that: the early groups (ESM) and the ring (RING). Queries and an attribute
-// only, no stream work, so it may run during a graph capture (where early groups are asked for).
+// dynamic limit raised to that: the ring's slots (RING). Queries and an attribute only, no stream
+// work, so it may run during a graph capture.
 int smem_stage_cap(void (*kernel)(TileGemmArgs, int), int threads, int fixed_bytes, int bytes_per_stage) {
   int dev = 0, ctas = 0, per_sm = 0, per_cta = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -330,29 +306,22 @@ template <int MT, int R, int WARPS, bool XS, int MINB = 1>
 cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
   const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false>;
+  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
   TileGemmArgs q = p;
-  q.early_smem = 0;
-  const int group_bytes = WARPS * R * kGroupSmemBytes;  // one early group of every warp
-  if constexpr (MT == 1 && !XS) {  // early groups in shared memory: built for the M <= 8 rows (x via L1)
-    static int cap = -1;  // asked once, and only where early groups are asked for
-    if (p.early_smem > 0 && cap < 0) cap = smem_stage_cap(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>,
-                                                          WARPS * 32, 0, group_bytes);
-    q.early_smem = std::min(std::max(p.early_smem, 0), std::max(cap, 0));
-    static int ring_cap = -1;  // the same, for the ring: asked once, where a ring is asked for
-    auto ring = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, false, true>;
-    if (p.ring_stages > 0 && q.early_smem == 0 && ring_cap < 0)
-      ring_cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, group_bytes);
-    q.ring_stages = q.early_smem == 0 ? std::min(std::max(p.ring_stages, 0), std::max(ring_cap, 0)) : 0;
+  q.ring_stages = 0;
+  if constexpr (MT == 1 && !XS) {  // the loop variants: built for the M <= 8 rows (x via L1)
+    static int ring_cap = -1;  // how many slots fit: asked once, and only where a ring is asked for
+    auto ring = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>;
+    if (p.ring_stages > 0 && ring_cap < 0)
+      ring_cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, WARPS * R * kGroupSmemBytes);
+    q.ring_stages = std::min(std::max(p.ring_stages, 0), std::max(ring_cap, 0));
     if (q.ring_stages < 2) q.ring_stages = 0;  // one slot is no ring: the ping-pong kernel
-    if (q.early_smem > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
-    else if (q.ring_stages > 0) kernel = ring;
-    else if (p.prefetch_ahead > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>;
-  } else {
-    q.ring_stages = 0;
+    if (q.ring_stages > 0) kernel = ring;
+    else if (p.prefetch_ahead > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
   }
-  const int smem = XS ? 2 * MT * 8 * kXRowBytes
-                      : q.ring_stages > 0 ? kRingBarBytes + q.ring_stages * group_bytes : q.early_smem * group_bytes;
+  const int smem = XS                  ? 2 * MT * 8 * kXRowBytes
+                   : q.ring_stages > 0 ? kRingBarBytes + q.ring_stages * WARPS * R * kGroupSmemBytes
+                                       : 0;
   if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;

@@ -26,16 +26,11 @@ struct TileGemmArgs {
                            // weights (a decode step's graph); 0: none
   int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits, no counters): the
                            // consumer sums them (kernels/decode_norm.py add_rms_norm); y is not written
-  int early_smem;          // mma.sync kernel with x via L1: K groups of its weights each warp copies into shared
-                           // memory before waiting on the kernel before it (capped where they would cost
-                           // occupancy); replaces early_groups; same condition (no kernel writes the weights)
   int prefetch_ahead;      // mma.sync kernel with x via L1 (m_tiles 1): in the K loop, each warp prefetches into
-                           // L2 the groups up to this many past the one it computes (>= 2; 0: none; not
-                           // with early_smem)
+                           // L2 the groups up to this many past the one it computes (>= 2; 0: none)
   int ring_stages;         // mma.sync kernel with x via L1 (m_tiles 1): each warp streams its weights through a
                            // ring of this many K groups in shared memory, filled by bulk copies (2..8, capped
-                           // where it would fit fewer CTAs on an SM; 0: the register ping-pong; not with
-                           // early_smem)
+                           // where it would fit fewer CTAs on an SM; 0: the register ping-pong)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

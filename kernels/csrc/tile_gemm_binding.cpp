@@ -62,7 +62,7 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
                       reinterpret_cast<const uint2*>(codes.data_ptr()),
                       reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                       part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
-                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX), 0, 0, defer_sum ? 1 : 0, 0};
+                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX), 0, 0, defer_sum ? 1 : 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
@@ -72,15 +72,13 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
                    const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups, bool defer_sum,
-                   int64_t early_groups, int64_t early_smem, int64_t prefetch_ahead, int64_t ring_stages) {
+                   int64_t early_groups, int64_t prefetch_ahead, int64_t ring_stages) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
                              splits);
   p.prefetch_groups = (int)std::max<int64_t>(prefetch_groups, 0);
   check(early_groups >= 0 && early_groups <= 2, "early_groups must be 0, 1 or 2");
   p.early_groups = (int)early_groups;
-  check(early_smem >= 0 && early_smem <= 8, "early_smem must be 0..8");
-  p.early_smem = (int)early_smem;
   check(prefetch_ahead == 0 || (prefetch_ahead >= 2 && prefetch_ahead <= 16), "prefetch_ahead must be 0 or 2..16");
   p.prefetch_ahead = (int)prefetch_ahead;
   check(ring_stages == 0 || (ring_stages >= 2 && ring_stages <= 8), "ring_stages must be 0 or 2..8");
