@@ -152,3 +152,15 @@ def test_read_floor_refuses_values_its_switch_refuses(capsys, argv, message):
     with pytest.raises(SystemExit):
         read_floor.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_read_floor_names_the_shapes_whose_m1_gemm_splits_k():
+    """`read_floor`'s split count is kernels.tile_gemm's rule on the table's config: on the H200's 132
+    SMs gate_up and the head are one launch; down, o_proj and the GDN projections split K (their GEMM
+    time then includes the reduce kernel, and the tool also times them without it)."""
+    from kernels.tune import read_floor
+
+    got = {name: read_floor.splits_at_m1(name, 132) for name in read_floor.SHAPES}
+    assert got["gate_up"] == 1 and got["lm_head"] == 1
+    assert got["down"] > 1 and got["attn_o_proj"] > 1 and got["gdn_out_proj"] > 1
+    assert all(v >= 1 for v in got.values())

@@ -13,7 +13,9 @@ if the GEMM is much faster from L2, weights already in L2 when it starts (a pref
 kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
 also times the GEMM (past L2) with each REGATE_GEMM_PREFETCH_AHEAD (K groups kept requested into L2
 ahead of the loop; 0 is the default kernel), `--ring 0,3,4` with each REGATE_GEMM_RING (the weights
-streamed through a ring of that many K groups in shared memory). Prints a table, then one JSON line. Tuning code: no product module imports it.
+streamed through a ring of that many K groups in shared memory). Where K is split at M=1 the GEMM's
+time includes the reduce kernel; `gemm_unsummed_ms` is the same launch with its partials left
+unsummed, as the engine leaves o_proj's, out_proj's and down's to add_rms_norm. Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -80,17 +82,27 @@ def xor_reference(x: torch.Tensor, span: int) -> torch.Tensor:
     return acc
 
 
-def time_gemm(name: str, in_l2: bool = False) -> float:
-    """The tile GEMM at M=1 on copies rotated past L2, or (`in_l2`) on one copy replayed from L2."""
+def time_gemm(name: str, in_l2: bool = False, unsummed: bool = False) -> float:
+    """The tile GEMM at M=1 on copies rotated past L2, or (`in_l2`) on one copy replayed from L2.
+    `unsummed`: a split-K launch leaves its partials unsummed (defer_sum, no reduce kernel), as the
+    engine's o_proj, out_proj and down leave theirs to add_rms_norm."""
     n, k = SHAPES[name]
     ops = operands([name], {})
     if in_l2:
         ops = itertools.repeat(next(ops))
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    y = None if unsummed else torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     cfg = table.tile_config(1, n, k)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms))
+    return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms, defer_sum=unsummed))
+
+
+def splits_at_m1(name: str, sms: int) -> int:
+    """How many K splits the tile GEMM launches for `name` at M=1 on `sms` SMs (kernels.tile_gemm's
+    rule with the table's config): above 1, the GEMM as timed includes the reduce kernel."""
+    n, k = SHAPES[name]
+    groups = k // tg.K_GROUP
+    return -(-groups // tg.groups_per_split(1, n, k, table.tile_config(1, n, k), sms))
 
 
 def time_switch(name: str, switch: str, values: list[int]) -> dict[int, float]:
@@ -131,6 +143,9 @@ def main(argv=None) -> None:
         r = {"shape": name, "bytes": nbytes, "floor_ms": nbytes / (read_gbps * 1e9) * 1e3, **time_reads(nbytes),
              "gemm_ms": time_gemm(name)}
         r["gemm_over_read"] = r["gemm_ms"] / r["read_ms"]
+        r["splits"] = splits_at_m1(name, torch.cuda.get_device_properties(0).multi_processor_count)
+        if r["splits"] > 1:
+            r["gemm_unsummed_ms"] = time_gemm(name, unsummed=True)
         if 2 * nbytes <= L2_BYTES:
             x = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
             cfg = r["read_config"]
@@ -146,6 +161,9 @@ def main(argv=None) -> None:
             print(f"{name:<13}{nbytes / 1e6:>8.1f} MB  floor {r['floor_ms'] * 1e3:>7.1f} us  read {r['read_ms'] * 1e3:>7.1f}"
                   f" {r['read_config']}  torch sum {r['torch_sum_ms'] * 1e3:>7.1f}  GEMM M=1 {r['gemm_ms'] * 1e3:>7.1f}"
                   f"  GEMM/read {r['gemm_over_read']:.3f}", flush=True)
+            if "gemm_unsummed_ms" in r:
+                print(f"{'':<13}{'':>11}  {r['splits']} K splits: GEMM M=1 without the reduce kernel "
+                      f"{r['gemm_unsummed_ms'] * 1e3:.1f} us", flush=True)
             if "gemm_l2_ms" in r:
                 print(f"{'':<13}{'':>11}  from L2: read {r['read_l2_ms'] * 1e3:.1f} us, GEMM M=1 {r['gemm_l2_ms'] * 1e3:.1f}",
                       flush=True)
