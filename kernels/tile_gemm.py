@@ -73,10 +73,10 @@ if PREFETCH_AHEAD != 0 and not 2 <= PREFETCH_AHEAD <= 16:
     raise ValueError(f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {PREFETCH_AHEAD}")
 # The same loop at M <= 8 with each warp's weights streamed through a ring of N K groups in shared memory
 # instead of the registers' ping-pong (csrc/nvfp4_tile_gemm.cu RING, its own instantiation): one lane's
-# bulk copies fill a slot, so N - 1 groups stay in flight while the warp computes, at no register cost.
-# Capped per config where the slots would fit fewer CTAs on an SM (below 2: the ping-pong kernel); with
-# PREFETCH_AHEAD also set, the ring runs. Same values, same order of sums, eagerly as in a graph. REGATE_GEMM_RING=N (2..8; 0, the default:
-# off until an A/B).
+# bulk copies refill a slot as soon as it is read, so N groups stay in flight while the warp computes,
+# at no register cost. Capped per config where the slots would fit fewer CTAs on an SM (below 2: the
+# ping-pong kernel); with PREFETCH_AHEAD also set, the ring runs. Same values, same order of sums,
+# eagerly as in a graph. REGATE_GEMM_RING=N (2..8; 0, the default: off until an A/B).
 RING_STAGES = int(os.environ.get("REGATE_GEMM_RING", "0"))
 if RING_STAGES != 0 and not 2 <= RING_STAGES <= 8:
     raise ValueError(f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {RING_STAGES}")

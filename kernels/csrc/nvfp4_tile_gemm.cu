@@ -112,7 +112,8 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // shared memory, each slot filled by one lane's bulk (TMA) copies and completing on its own mbarrier.
 // The register ping-pong keeps one group in flight while a warp computes; at M=1 the loop then waits
 // on DRAM's latency every group (gate_up: a group every ~1.7 us a warp, ~3x its compute). The ring
-// keeps ring_stages - 1 in flight and costs no registers. Dynamic shared memory: the warps' mbarriers
+// refills a slot as soon as its bytes are read, so ring_stages groups are in flight while a warp
+// computes, at no register cost. Dynamic shared memory: the warps' mbarriers
 // (kRingBarBytes), then warp w's slots at w * ring_stages * R * kGroupSmemBytes.
 constexpr int kRingBarBytes = 16 * 8 * 8;  // up to 16 warps x 8 stages
 
@@ -143,12 +144,12 @@ __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmA
     mbar_wait(bars + 8 * slot, (j / stages) & 1);
     Group<R> gr;
     lds_group<R>(gr, ring + slot * R * kGroupSmemBytes, lane);
-    compute_group<1, R, false>(acc, gr, xr, nullptr, cg0 + j, g, t);
-    if (j + stages < n) {
-      __syncwarp();  // every lane has used its bytes of the slot (compute_group consumed them) ...
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... before the async proxy rewrites it
+    if (j + stages < n) {  // the slot's next group goes in flight before this one computes
+      __syncwarp();  // every lane's reads of the slot are ordered before lane 0's refill ...
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... across to the async proxy
       fill(j + stages);
     }
+    compute_group<1, R, false>(acc, gr, xr, nullptr, cg0 + j, g, t);
   }
 }
 
