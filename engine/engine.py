@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from engine import ablate
 from engine import residency as _residency
 from engine.backends import compute_dtype, device_for
 from engine.errors import CapacityError
@@ -53,16 +54,21 @@ class Engine:
     def __init__(self, model_dir: str | Path, backend: str = "cpu", lm_head: str = "packed", *,
                  max_num_seqs: int = 16, block_size: int = 16, max_model_len: int | None = None,
                  num_blocks: int | None = None, max_num_batched_tokens: int | None = None, top_k: int = 5,
-                 cuda_graphs: bool | None = None, block_order: list[int] | None = None):
+                 cuda_graphs: bool | None = None, block_order: list[int] | None = None,
+                 allow_ablation: bool = False):
+        """`allow_ablation`: build the engine REGATE_ABLATE asks for (engine/ablate.py: wrong tokens,
+        timings only); without it an engine refuses to start while REGATE_ABLATE names a part."""
         from engine.loader import load_checkpoint  # the checkpoint loader owns every input check
 
         if lm_head not in HEAD_ARMS:
             raise ValueError(f"lm_head {lm_head!r}: expected one of {HEAD_ARMS}")
+        self.ablation = ablate.from_env()  # {part: mode}; {} for the real engine
+        ablate.check_allowed(self.ablation, allow_ablation)
         self.backend, self.lm_head_arm, self.top_k = backend, lm_head, top_k
         self.device = device_for(backend)
         ckpt = load_checkpoint(Path(model_dir))
         self.naming, self.head_kind = ckpt.naming, ckpt.head_kind
-        self.model = build_model(ckpt, backend, lm_head)
+        self.model = build_model(ckpt, backend, lm_head, self.ablation)
         self.config = ckpt.config
         del ckpt  # the model holds what it needs; the rest may go
         self.memory = {"after_load": memory_snapshot(self.device)}

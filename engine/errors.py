@@ -8,3 +8,8 @@ class CheckpointError(Exception):
 
 class CapacityError(Exception):
     """A request that cannot fit the KV cache / state slots, however long it waits."""
+
+
+class AblationError(ValueError):
+    """REGATE_ABLATE names something unknown, or an ablated engine was asked for where tokens or
+    numbers must be real (engine/ablate.py)."""

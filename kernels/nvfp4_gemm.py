@@ -88,27 +88,42 @@ def prepare(w: Nvfp4Weight) -> None:
         w.release_checkpoint_layout()  # the operand holds the same bytes: keep them once
 
 
-def matmul(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
-    """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N])."""
+def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None) -> torch.Tensor:
+    """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N]). `ablate`: timing only (tile_gemm's)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     from kernels import tile_gemm
 
     if w.kernel_operand is not None:  # every M; the checkpoint layout is released
-        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device))
+        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate)
+    elif ablate is not None:  # the checkpoint layout's bytes, as tile_gemm's ablation reads an operand's
+        y = _ablated_triton(x2, w, ablate)
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
 
 
-def matmul_split(x: torch.Tensor, w: Nvfp4Weight):
+def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str) -> torch.Tensor:
+    from kernels.tile_gemm import ABLATE_MODES
+
+    if mode not in ABLATE_MODES:
+        raise ValueError(f"{w.name}: ablate={mode!r}, expected one of {ABLATE_MODES}")
+    if mode == "read":
+        from kernels.plain_read import read_pair
+
+        read_pair(w.packed, w.block_scale)
+    return torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16, device=x.device)
+
+
+def matmul_split(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None):
     """x bf16 [M, K] -> bf16 [M, N], or, where the tile GEMM splits K, its unsummed partials
     (kernels.tile_gemm.SplitSum) for a consumer that sums them as it reads them (add_rms_norm)."""
     from kernels import tile_gemm
 
     if w.kernel_operand is None or x.dim() != 2:
-        return matmul(x, w)
-    return tile_gemm.tile_gemm(x, w.kernel_operand, w.global_scale, sms=sm_count(x.device), defer_sum=True)
+        return matmul(x, w, ablate)
+    return tile_gemm.tile_gemm(x, w.kernel_operand, w.global_scale, sms=sm_count(x.device), defer_sum=True,
+                               ablate=ablate)
 
 
 def merge(ws: list[Nvfp4Weight]):
@@ -122,11 +137,11 @@ def merge(ws: list[Nvfp4Weight]):
     return m
 
 
-def matmul_merged(x: torch.Tensor, m) -> torch.Tensor:
+def matmul_merged(x: torch.Tensor, m, ablate: str | None = None) -> torch.Tensor:
     """x bf16 [M, K] -> bf16 [M, sum of the members' N], the members' outputs side by side."""
     from kernels import merge as merging
 
-    return merging.matmul_merged(x, m)
+    return merging.matmul_merged(x, m, ablate)
 
 
 def _warm_tile(op, row_scale=None) -> None:

@@ -173,13 +173,17 @@ class SplitSum:
 def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
-              row_scale: torch.Tensor | None = None, defer_sum: bool = False) -> torch.Tensor | SplitSum:
+              row_scale: torch.Tensor | None = None, defer_sum: bool = False,
+              ablate: str | None = None) -> torch.Tensor | SplitSum:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
     times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
     such an operand has no tail rows. `defer_sum`: where K is split (and the operand has one global
     scale and no tail rows), return the unsummed partials as a SplitSum instead of y. Without a
-    `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py)."""
+    `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
+    `ablate` (engine/ablate.py, timing only): "free" launches nothing, "read" only a plain read of the
+    operand's bytes (kernels/plain_read.py); the output (y or the SplitSum) is allocated as for the GEMM
+    and left unwritten."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -189,6 +193,8 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     if config is None and table.dequant_from(m, op.n, k):  # prefill-sized M: dequantize + cuBLAS
+        if ablate is not None:
+            return _ablated(op, ablate, y)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
         dequant_gemm(x, op, global_scale, row_scale, y)
@@ -199,6 +205,8 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
+    if ablate is not None:
+        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y)
     counters = split_counters(x.device) if splits > 1 and not defer else None
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
@@ -210,6 +218,22 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
+
+
+ABLATE_MODES = ("free", "read")
+
+
+def _ablated(op: TileOperand, mode: str, result):
+    """`result` as the GEMM would return it, unwritten: after no launch ("free") or after one plain
+    read of the operand's words and scale codes ("read"; its N % 16 tail rows, which no decode shape
+    of the 27B has, are not read)."""
+    if mode not in ABLATE_MODES:
+        raise ValueError(f"tile_gemm: ablate={mode!r}, expected one of {ABLATE_MODES}")
+    if mode == "read":
+        from kernels.plain_read import read_pair  # Triton: imported where it is used
+
+        read_pair(op.words, op.codes)
+    return result
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -53,19 +52,6 @@ def test_tile_candidates_of_one_kind_keep_the_incumbent():
         assert all(isinstance(c, WgmmaConfig) for c in cands[1:])
     with pytest.raises(ValueError, match="subset"):
         sweep({}, [1], None, time_fn=None, kinds=("wmma",))
-
-
-def test_the_read_floor_kernel_xors_each_programs_slice():
-    """kernels/tune/read_floor.py's plain read, under Triton's CPU interpreter where there is no GPU:
-    each program's XOR of its words equals torch's, the ragged last program masked."""
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("no GPU and Triton's interpreter is off")
-    from kernels.tune.read_floor import read, xor_reference
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.randint(-2**31, 2**31 - 1, (2 * 256 * 4 + 77,), dtype=torch.int32)
-    for block, loads in ((256, 4), (512, 1)):
-        assert torch.equal(read(x.to(dev), block, loads, 4).cpu(), xor_reference(x, block * loads))
 
 
 def test_the_norm_sweep_times_every_warp_count_for_one_program_and_4_or_8_for_more():

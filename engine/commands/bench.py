@@ -88,6 +88,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
               warmup: int, seed: int, one_off: bool = False) -> dict:
     import torch
 
+    from engine import ablate
     from engine.attribution.traffic import read_bandwidth
     from engine.backends import fp4_gemm_status
     from engine.engine import Engine
@@ -102,7 +103,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         raise ValueError(f"--one-off-prompts shortens each run's prompts by a token: prompt-len {prompt_len} must "
                          f"be >= warmup + iters = {warmup + iters}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
-                 max_model_len=prompt_len + gen_len)
+                 max_model_len=prompt_len + gen_len, allow_ablation=True)  # a REGATE_ABLATE record says so
     has_gemm, why = fp4_gemm_status(backend)
     on_gemm = head_on_fp4_gemm(eng.model)
     if backend == "cuda" and lm_head == "packed" and not on_gemm:
@@ -133,6 +134,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "peak_rss_bytes": mem["peak_rss_bytes"], "peak_device_bytes": mem["peak_device_bytes"],
         "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
         "floor": floor,
+        "ablated": ablate.label(eng.ablation) or None,  # engine/ablate.py: timing only, its tokens are wrong
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "one_off_prompts": one_off,
@@ -146,6 +148,8 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
 
 def print_table(r: dict, out) -> None:
     p = r["params"]
+    if r.get("ablated"):
+        print(f"ABLATED (REGATE_ABLATE={r['ablated']}): timing only, the tokens are wrong", file=out)
     print(f"bench {p['backend']}/{p['lm_head']}  batch {p['batch']}  prompt {p['prompt_len']}  gen {p['gen_len']}",
           file=out)
     for i, v in enumerate(r["decode_tok_s_iters"]):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from engine import ablate
 from engine.backends import compute_dtype, device_for, fp4_gemm_for
-from engine.errors import CheckpointError
+from engine.errors import AblationError, CheckpointError
 from engine.fused import fused_kernels
-from engine.linear import DenseLinear, load_head, load_tower_linear, prepare_linear
+from engine.linear import DenseLinear, Nvfp4Linear, load_head, load_tower_linear, prepare_linear
 from engine.model.attention import GatedAttention
 from engine.model.config import FULL_ATTENTION, ModelConfig
 from engine.model.gated_deltanet import GatedDeltaNet
@@ -23,12 +24,15 @@ from engine.nvfp4 import w4a4_enabled
 
 
 class _Builder:
-    def __init__(self, ckpt, backend: str):
+    def __init__(self, ckpt, backend: str, ablation: dict[str, str]):
         self.ckpt, self.cfg = ckpt, ModelConfig.from_dict(ckpt.config)
         self.device, self.dtype = device_for(backend), compute_dtype(backend)
-        self.gemm = fp4_gemm_for(backend)
+        # engine/ablate.py: the tower's and the head's GEMM launches, and the fused kernels, as the
+        # ablation (timing only) asks; the real ones where it names nothing.
+        real = fp4_gemm_for(backend)
+        self.gemm, self.head_gemm = ablate.gemm(real, ablation, "tower"), ablate.gemm(real, ablation, "lm_head")
         self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or w4a4_enabled()
-        self.fused = fused_kernels(self.device)
+        self.fused = ablate.fused(fused_kernels(self.device), ablation)
 
     def linear(self, name: str, into_norm: bool = False):
         """`into_norm`: the output goes straight into the fused residual add + RMSNorm, which may
@@ -80,11 +84,12 @@ class _Builder:
         if "lm_head" not in self.ckpt.linears:
             raise CheckpointError(f"checkpoint: head_kind {self.ckpt.head_kind!r} but no 'lm_head' Linear")
         # Placed first so the dequant arm dequantizes on the device, not in host memory.
-        return load_head(self.ckpt.linears["lm_head"].to(self.device), arm, self.gemm).to(self.device)
+        return load_head(self.ckpt.linears["lm_head"].to(self.device), arm, self.head_gemm).to(self.device)
 
 
-def build_model(ckpt, backend: str, lm_head: str) -> Qwen3_5Model:
-    b, c = _Builder(ckpt, backend), ModelConfig.from_dict(ckpt.config)
+def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | None = None) -> Qwen3_5Model:
+    """`ablation`: engine/ablate.py's {part: mode} (the Engine checks it may build one)."""
+    b, c = _Builder(ckpt, backend, ablation or {}), ModelConfig.from_dict(ckpt.config)
     embed = b.tensor("embed_tokens.weight", ckpt.tensors.get("embed_tokens.weight", torch.empty(0)).dtype)
     counters = {"full_attention": 0, "linear_attention": 0}
     layers = []
@@ -92,8 +97,11 @@ def build_model(ckpt, backend: str, lm_head: str) -> Qwen3_5Model:
         layers.append(b.layer(i, kind, counters[kind]))
         counters[kind] += 1
     rope = Rope(c.head_dim, c.partial_rotary_factor, c.rope_theta, b.device)
-    return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), b.head(lm_head, embed), rope, b.dtype,
-                        fused=b.fused)
+    head = b.head(lm_head, embed)
+    if ablation and "lm_head" in ablation and not (isinstance(head, Nvfp4Linear) and head.gemm is not None):
+        raise AblationError(f"{ablate.ENV}={ablate.label(ablation)}: the {lm_head} arm's head does not run on the "
+                            "fp4 GEMM here, so there is no launch of it to ablate")
+    return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), head, rope, b.dtype, fused=b.fused)
 
 
 def prepare_model(model: Qwen3_5Model) -> None:

@@ -4,7 +4,7 @@ At M=1 the tile GEMM reaches 0.45-0.68 of the 4.4 TB/s floor at the 27B tower sh
 and 0.92 at the head (715 MB); each tower GEMM is ~5 us over bytes / bandwidth. Is that the
 kernel's, or what any kernel pays to read that many bytes (launch, the DRAM latency before the first
 bytes, the tail)? For each shape's packed bytes this times, as graph replays on copies rotated past
-L2: a plain streaming read (`read_kernel`: each program XORs its slice, loads unrolled; every
+L2: a plain streaming read (kernels/plain_read.py: each program XORs its slice, loads unrolled; every
 (block, loads a program, warps) of a small sweep, the fastest kept), torch's sum, and the tile GEMM at
 M=1 with the table's config. `gemm_over_read` near 1: the GEMM already reads as fast as a read of its
 size can, and what is left is between kernels (overlap), not inside one. Where the bytes fit half of
@@ -24,35 +24,13 @@ import itertools
 import json
 
 import torch
-import triton
-import triton.language as tl
-
 from kernels import table
 from kernels import tile_gemm as tg
+from kernels.plain_read import read, xor_reference
 from kernels.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
 from kernels.tune.split_sweep import SHAPES, operands, packed_bytes
 
 CONFIGS = [(block, loads, warps) for block in (1024, 4096) for loads in (1, 4, 8, 16) for warps in (4, 8)]
-
-
-@triton.jit
-def read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, LOADS: tl.constexpr):
-    """out[p] = XOR of int32 words [p * BLOCK * LOADS, +BLOCK * LOADS) of x (n words): every load of
-    the program issued before its first use, so a program has LOADS x BLOCK x 4 bytes in flight."""
-    base = tl.program_id(0).to(tl.int64) * BLOCK * LOADS
-    acc = tl.zeros([BLOCK], tl.int32)
-    for j in tl.static_range(LOADS):
-        offs = base + j * BLOCK + tl.arange(0, BLOCK)
-        acc ^= tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
-    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(acc, axis=0))
-
-
-def read(x: torch.Tensor, block: int, loads: int, warps: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """XOR per program of x's int32 words (x: a flat int32 tensor)."""
-    programs = triton.cdiv(x.numel(), block * loads)
-    out = out if out is not None else torch.empty(programs, dtype=torch.int32, device=x.device)
-    read_kernel[(programs,)](x, out, x.numel(), BLOCK=block, LOADS=loads, num_warps=warps)
-    return out
 
 
 def time_reads(nbytes: int) -> dict:
@@ -64,22 +42,12 @@ def time_reads(nbytes: int) -> dict:
         raise AssertionError("read_kernel: the programs' XORs differ from torch's")
     best = None
     for block, loads, warps in CONFIGS:
-        out = torch.empty(triton.cdiv(words, block * loads), dtype=torch.int32, device="cuda")
+        out = torch.empty(-(-words // (block * loads)), dtype=torch.int32, device="cuda")
         ms = median_ms(lambda: read(next(bufs), block, loads, warps, out))
         if best is None or ms < best[0]:
             best = (ms, {"block": block, "loads": loads, "warps": warps})
     fbufs = itertools.cycle([b.view(torch.float32) for b in itertools.islice(bufs, copies_for(nbytes))])
     return {"read_ms": best[0], "read_config": best[1], "torch_sum_ms": median_ms(lambda: next(fbufs).sum())}
-
-
-def xor_reference(x: torch.Tensor, span: int) -> torch.Tensor:
-    """The XOR of each `span` words of x (zero-padded), in torch: read_kernel's twin."""
-    pad = torch.zeros(-x.numel() % span, dtype=torch.int32)
-    v = torch.cat([x, pad]).view(-1, span)
-    acc = torch.zeros(v.shape[0], dtype=torch.int32)
-    for j in range(span):
-        acc ^= v[:, j]
-    return acc
 
 
 def time_gemm(name: str, in_l2: bool = False, unsummed: bool = False) -> float:

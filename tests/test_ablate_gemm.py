@@ -1,0 +1,87 @@
+"""The fp4 GEMM's side of engine/ablate.py: `ablate="free"` launches nothing and `"read"` launches only
+a plain read of the operand's bytes, and either returns what the GEMM would (y, or a split launch's
+SplitSum with as many splits), unwritten. Run on the CPU with the CUDA extension forbidden: no launch
+of the GEMM can hide behind an ablation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import merge, nvfp4_gemm, plain_read, tile_gemm
+from kernels.tile_layout import repack
+from engine.nvfp4 import Nvfp4Weight, quantize
+
+
+def _weight(name: str, n: int, k: int, seed: int, operand: bool = True) -> Nvfp4Weight:
+    g = torch.Generator().manual_seed(seed)
+    w = Nvfp4Weight.from_quantized(name, quantize(torch.randn(n, k, generator=g) * 0.02))
+    w.kernel_operand = repack(w.packed, w.block_scale, name) if operand else None
+    return w
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """No GEMM kernel may launch; each plain read is recorded (the buffers it read), not run."""
+    def no_extension():
+        raise AssertionError("an ablated GEMM launched its kernel")
+    got: list[tuple[int, int]] = []
+    monkeypatch.setattr(tile_gemm, "extension", no_extension)
+    monkeypatch.setattr(plain_read, "read_pair", lambda a, b: got.append((a.data_ptr(), b.data_ptr())))
+    return got
+
+
+def _ptrs(*pairs) -> list[tuple[int, int]]:
+    return [(a.data_ptr(), b.data_ptr()) for a, b in pairs]
+
+
+@pytest.mark.parametrize("mode", ["free", "read"])
+def test_a_split_launch_returns_its_splitsum_unwritten(reads, mode):
+    w = _weight("layers.0.mlp.down_proj", 256, 4096, 0)
+    x = torch.randn(1, 4096).to(torch.bfloat16)
+    op = w.kernel_operand
+    cfg = tile_gemm.table.tile_config(1, op.n, op.k)
+    splits = -(-(op.k // tile_gemm.K_GROUP) // tile_gemm.groups_per_split(1, op.n_main, op.k, cfg, 132))
+    assert splits > 1, "the shape must split K at M=1 for this test to mean anything"
+    s = nvfp4_gemm.matmul_split(x, w, ablate=mode)
+    assert isinstance(s, tile_gemm.SplitSum) and s.shape == (1, 256)
+    assert s.partial.shape[0] == splits and s.partial.dtype == torch.float32
+    assert s.scale == pytest.approx(w.global_scale * tile_gemm.OUT_SHIFT)
+    assert reads == (_ptrs((op.words, op.codes)) if mode == "read" else [])
+
+
+@pytest.mark.parametrize("mode", ["free", "read"])
+def test_a_plain_and_a_merged_launch_return_y_unwritten(reads, mode):
+    w = _weight("layers.0.mlp.up_proj", 256, 512, 1)
+    x = torch.randn(3, 512).to(torch.bfloat16)
+    y = nvfp4_gemm.matmul(x, w, ablate=mode)
+    assert y.shape == (3, 256) and y.dtype == torch.bfloat16
+    own = _ptrs((w.kernel_operand.words, w.kernel_operand.codes))  # before merging, which may move them
+    m = merge.merge([w, _weight("layers.0.mlp.gate_proj", 128, 512, 2)])
+    ym = nvfp4_gemm.matmul_merged(x, m, ablate=mode)
+    assert ym.shape == (3, 384) and ym.dtype == torch.bfloat16
+    assert reads == (own + _ptrs((m.op.words, m.op.codes)) if mode == "read" else [])
+
+
+def test_prefill_sized_m_is_ablated_too(reads, monkeypatch):
+    monkeypatch.setattr(tile_gemm.table, "DEQUANT_MIN_M", 64)  # every shape's dequantize + cuBLAS from M=64
+    w = _weight("layers.0.mlp.up_proj", 256, 512, 3)
+    y = nvfp4_gemm.matmul(torch.randn(64, 512).to(torch.bfloat16), w, ablate="read")
+    assert y.shape == (64, 256) and reads == _ptrs((w.kernel_operand.words, w.kernel_operand.codes))
+
+
+@pytest.mark.parametrize("mode", ["free", "read"])
+def test_a_weight_without_a_tile_operand_reads_its_checkpoint_layout(reads, mode):
+    w = _weight("layers.0.linear_attn.in_proj_b", 48, 512, 4, operand=False)
+    y = nvfp4_gemm.matmul(torch.randn(2, 512).to(torch.bfloat16), w, ablate=mode)
+    assert y.shape == (2, 48) and y.dtype == torch.bfloat16
+    assert reads == (_ptrs((w.packed, w.block_scale)) if mode == "read" else [])
+
+
+def test_an_unknown_mode_is_refused_naming_the_weight(reads):
+    w = _weight("layers.0.mlp.up_proj", 256, 512, 5)
+    x = torch.randn(1, 512).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"tile_gemm: ablate='fast', expected one of \('free', 'read'\)"):
+        nvfp4_gemm.matmul(x, w, ablate="fast")
+    w.kernel_operand = None
+    with pytest.raises(ValueError, match=r"layers.0.mlp.up_proj: ablate='fast'"):
+        nvfp4_gemm.matmul(x, w, ablate="fast")
