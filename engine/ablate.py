@@ -1,23 +1,29 @@
 """Ablation: what a decode step takes when one of its parts costs nothing, or only its bytes.
 
-`engine attribute` books each kernel's time to a part, but under PDL a kernel starts while the one
-before it drains, so a part's kernel time is not what removing the part would save (the 64-layer
-step's `norm`, 0.61 ms of 129 launches, may be mostly its neighbours' tails). An ablation measures
-that directly: the engine is built with the parts named in REGATE_ABLATE replaced, and `engine bench`
-times the step as usual. Items, joined by "+" (a comma separates the A/B script's variables):
+`engine attribute` books each kernel the time from the kernel before it ending to its own end (under
+PDL a kernel starts while its predecessor drains, and only waits): its link in the chain, the
+dependency's release as well as its work. That is not what removing the part would save: the next
+kernel has a release to wait for either way, and its early weight loads overlap differently (the
+64-layer step's `norm` books 0.61 ms over 129 launches, ~4.7 us each, for well under a microsecond of
+work each). An ablation measures the saving directly: the engine is built with the parts named in
+REGATE_ABLATE replaced, and `engine bench` times the step as usual. Items, joined by "+" (a comma separates the A/B script's variables):
 
-- `norm`: the residual add + RMSNorm launches (rms_norm, add_rms_norm) return their input, no kernel;
-- `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step, conv_delta_step), no kernel;
-- `attention`: the attention layers' prep (norms, RoPE, K/V write) and paged decode attention, no kernel;
-- `tower`, `tower:free`: every tower GEMM launches nothing; `tower:read`: each launches only a plain
-  read of its operand's bytes (kernels/plain_read.py), so the step runs as if every GEMM read its
-  weights at plain-read speed after its input is ready and did nothing else;
-- `lm_head`, `lm_head:free`, `lm_head:read`: the same for the head.
+- `norm`: the residual add + RMSNorm launches (rms_norm, add_rms_norm) return their input;
+- `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step, conv_delta_step);
+- `attention`: the attention layers' prep (norms, RoPE, K/V write) and paged decode attention;
+- `tower`: every tower GEMM; `lm_head`: the head's.
+
+Each item may name a mode, `part:mode`: `free` (the default) launches nothing in the part's place;
+`empty` launches one kernel that does nothing (kernels/plain_read.empty_launch, PDL like the rest) per
+launch it replaces, so `empty - free` is what the launches cost as links of the chain and `base -
+empty` what their work costs; `read` (GEMM parts only) launches a plain read of the operand's bytes
+(kernels/plain_read.read_pair): the step as if every GEMM read its weights at plain-read speed once
+its input is ready, and did nothing else.
 
 What a part would have written is left unwritten (torch.empty, no kernel), so the values that flow
 on are garbage: an ablated engine computes wrong tokens. Its timings are the point; a decode step's
 work does not depend on the values (greedy picks; no stop token ends a bench's run). So only
-`engine bench` and `engine attribute` build one (`allow=True`; their output names the ablation);
+`engine bench` and `engine attribute` build one (`allow_ablation=True`; their output names it);
 every other Engine refuses with AblationError, a grid refuses a bench record that names one, and the
 orchestrator's gate, compare, grid, mutate and serve refuse to start with REGATE_ABLATE set. The
 ablations replace the fused decode kernels and the fp4 GEMM, so they need CUDA's path: an ablation
@@ -35,10 +41,11 @@ from engine.backends import Fp4Gemm
 from engine.errors import AblationError
 
 ENV = "REGATE_ABLATE"
-GEMM_PARTS = ("tower", "lm_head")  # modes free (the default) and read
-KERNEL_PARTS = ("norm", "delta_rule", "attention")  # mode free only
+GEMM_PARTS = ("tower", "lm_head")
+KERNEL_PARTS = ("norm", "delta_rule", "attention")
 PARTS = GEMM_PARTS + KERNEL_PARTS
-MODES = ("free", "read")
+KERNEL_MODES = ("free", "empty")  # free, the default: no launch
+GEMM_MODES = KERNEL_MODES + ("read",)
 
 
 def parse(text: str) -> dict[str, str]:
@@ -50,11 +57,11 @@ def parse(text: str) -> dict[str, str]:
         part, _, mode = item.partition(":")
         mode = mode or "free"
         if part not in PARTS:
-            raise AblationError(f"{ENV}: unknown part {part!r} in {text!r}; expected {' + '.join(PARTS)} "
-                                f"(a GEMM part may add :free or :read)")
-        if mode not in (MODES if part in GEMM_PARTS else ("free",)):
-            allowed = ", ".join(MODES) if part in GEMM_PARTS else "free"
-            raise AblationError(f"{ENV}: {part!r} has no mode {mode!r} in {text!r}; expected {allowed}")
+            raise AblationError(f"{ENV}: unknown part {part!r} in {text!r}; expected {' + '.join(PARTS)}, "
+                                f"each with an optional :{'|:'.join(GEMM_MODES)}")
+        allowed = GEMM_MODES if part in GEMM_PARTS else KERNEL_MODES
+        if mode not in allowed:
+            raise AblationError(f"{ENV}: {part!r} has no mode {mode!r} in {text!r}; expected {', '.join(allowed)}")
         if part in out:
             raise AblationError(f"{ENV}: {part!r} named twice in {text!r}")
         out[part] = mode
@@ -80,23 +87,28 @@ def _unwritten(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _norm(ns: SimpleNamespace) -> dict:
-    return {"rms_norm": lambda x, weight, eps: x,
-            "add_rms_norm": lambda h, d, weight, eps, **kw: (h, h)}
+# Per part, each fused function it launches -> (the tensor whose device the launch is on, what it returns).
+_STUBS = {
+    "norm": {"rms_norm": lambda x, weight, eps: (x, x),
+             "add_rms_norm": lambda h, d, weight, eps, **kw: (h, (h, h))},
+    "delta_rule": {"conv_step": lambda qkv, *a, **kw: (qkv, qkv),
+                   "delta_step": lambda mixed, z, *a, **kw: (z, _unwritten(z.shape, z)),
+                   "conv_delta_step": lambda qkv, conv, w, z, *a, **kw: (z, _unwritten(z.shape, z))},
+    "attention": {"attention_prep": lambda q, *a, **kw: (q, q),
+                  "paged_decode_gated": lambda q, *a, **kw: (q, _unwritten((q.shape[0], q.shape[1] * q.shape[2]), q))},
+}
 
 
-def _delta_rule(ns: SimpleNamespace) -> dict:
-    return {"conv_step": lambda qkv, *a, **kw: qkv,
-            "delta_step": lambda mixed, z, *a, **kw: _unwritten(z.shape, z),
-            "conv_delta_step": lambda qkv, conv_cache, conv_weight, z, *a, **kw: _unwritten(z.shape, z)}
+def _stub(fn, mode: str):
+    """fn's result without its kernel; with `empty`, after one launch that does nothing."""
+    def call(*a, **kw):
+        on, result = fn(*a, **kw)
+        if mode == "empty":
+            from kernels.plain_read import empty_launch  # Triton: imported where it is used
 
-
-def _attention(ns: SimpleNamespace) -> dict:
-    return {"attention_prep": lambda q, *a, **kw: q,
-            "paged_decode_gated": lambda q, *a, **kw: _unwritten((q.shape[0], q.shape[1] * q.shape[2]), q)}
-
-
-_KERNEL_STUBS = {"norm": _norm, "delta_rule": _delta_rule, "attention": _attention}
+            empty_launch(on.device)
+        return result
+    return call
 
 
 def fused(ns: SimpleNamespace | None, ablation: dict[str, str]) -> SimpleNamespace | None:
@@ -109,8 +121,8 @@ def fused(ns: SimpleNamespace | None, ablation: dict[str, str]) -> SimpleNamespa
                             "kernels (CUDA with REGATE_FUSED_DECODE on); this engine runs the reference path")
     out = SimpleNamespace(**vars(ns))
     for p in parts:
-        for name, fn in _KERNEL_STUBS[p](ns).items():
-            setattr(out, name, fn)
+        for name, fn in _STUBS[p].items():
+            setattr(out, name, _stub(fn, ablation[p]))
     return out
 
 

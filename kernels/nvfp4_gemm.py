@@ -104,14 +104,9 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None) -> torch.
 
 
 def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str) -> torch.Tensor:
-    from kernels.tile_gemm import ABLATE_MODES
+    from kernels.tile_gemm import ablated_launch
 
-    if mode not in ABLATE_MODES:
-        raise ValueError(f"{w.name}: ablate={mode!r}, expected one of {ABLATE_MODES}")
-    if mode == "read":
-        from kernels.plain_read import read_pair
-
-        read_pair(w.packed, w.block_scale)
+    ablated_launch(mode, w.packed, w.block_scale, w.name)
     return torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16, device=x.device)
 
 

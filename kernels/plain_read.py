@@ -7,7 +7,8 @@ at plain-read speed and did nothing else.
 
 Each program XORs its slice of int32 words, every load issued before the first use, and stores one
 word (so the loads are not dead). `read_pair` reads two buffers in one launch: a tile operand's words
-and scale codes, one launch as the GEMM is one. (1024 words a block, 4 loads a program, 8 warps was
+and scale codes, one launch as the GEMM is one. `empty_launch` reads nothing: what a launch of the
+decode step costs besides its work (the ablation's `empty` mode). (1024 words a block, 4 loads a program, 8 warps was
 the fastest config of read_floor's sweep at 5 of the 7 decode shapes on the H200, 2026-12-05.)
 """
 from __future__ import annotations
@@ -52,6 +53,29 @@ def read_pair_kernel(a_ptr, na, b_ptr, nb, out_ptr, programs_a, BLOCK: tl.conste
         tl.store(out_ptr + p, _xor_slice(a_ptr, na, p, BLOCK, LOADS))
     else:
         tl.store(out_ptr + p, _xor_slice(b_ptr, nb, p - programs_a, BLOCK, LOADS))
+
+
+@triton.jit
+def empty_kernel(out_ptr, PDL: tl.constexpr):
+    """A launch that does nothing but take its place in the PDL chain (out_ptr: never written)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+def empty_launch(device: torch.device) -> None:
+    """One program of `empty_kernel`, PDL where it is on: what a decode kernel costs besides its work."""
+    empty_kernel[(1,)](_sink(device), num_warps=1, **pdl.launch_options(device))
+
+
+_sinks: dict[torch.device, torch.Tensor] = {}
+
+
+def _sink(device: torch.device) -> torch.Tensor:
+    key = torch.device(device)
+    if key not in _sinks:  # made once, before a graph capture needs it (an allocation, no kernel)
+        _sinks[key] = torch.empty(1, dtype=torch.int32, device=key)
+    return _sinks[key]
 
 
 def words(t: torch.Tensor) -> torch.Tensor:

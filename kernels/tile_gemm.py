@@ -181,9 +181,9 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     such an operand has no tail rows. `defer_sum`: where K is split (and the operand has one global
     scale and no tail rows), return the unsummed partials as a SplitSum instead of y. Without a
     `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
-    `ablate` (engine/ablate.py, timing only): "free" launches nothing, "read" only a plain read of the
-    operand's bytes (kernels/plain_read.py); the output (y or the SplitSum) is allocated as for the GEMM
-    and left unwritten."""
+    `ablate` (engine/ablate.py, timing only): "free" launches nothing, "empty" one kernel that does
+    nothing, "read" only a plain read of the operand's bytes (kernels/plain_read.py); the output (y or
+    the SplitSum) is allocated as for the GEMM and left unwritten."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -220,20 +220,27 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     return _tail(x, op, global_scale, y)
 
 
-ABLATE_MODES = ("free", "read")
+ABLATE_MODES = ("free", "empty", "read")
 
 
 def _ablated(op: TileOperand, mode: str, result):
-    """`result` as the GEMM would return it, unwritten: after no launch ("free") or after one plain
-    read of the operand's words and scale codes ("read"; its N % 16 tail rows, which no decode shape
-    of the 27B has, are not read)."""
-    if mode not in ABLATE_MODES:
-        raise ValueError(f"tile_gemm: ablate={mode!r}, expected one of {ABLATE_MODES}")
-    if mode == "read":
-        from kernels.plain_read import read_pair  # Triton: imported where it is used
-
-        read_pair(op.words, op.codes)
+    """`result` as the GEMM would return it, unwritten: after no launch ("free"), one launch that does
+    nothing ("empty"), or one plain read of the operand's words and scale codes ("read"; its N % 16
+    tail rows, which no decode shape of the 27B has, are not read)."""
+    ablated_launch(mode, op.words, op.codes, "tile_gemm")
     return result
+
+
+def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str) -> None:
+    """What an ablated GEMM launches in its place (engine/ablate.py's modes) over its operand's bytes."""
+    if mode not in ABLATE_MODES:
+        raise ValueError(f"{what}: ablate={mode!r}, expected one of {ABLATE_MODES}")
+    from kernels import plain_read  # Triton: imported where it is used
+
+    if mode == "read":
+        plain_read.read_pair(words, codes)
+    elif mode == "empty":
+        plain_read.empty_launch(words.device)
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

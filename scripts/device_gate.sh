@@ -38,9 +38,10 @@
 #            then scripts/ab_verdict.py judges each variant against the first with the grid's verdict statistics
 #   ablate   `ab` of the engine with parts removed (engine/ablate.py; timing only): the ablation's GPU tests
 #            ($ABLATE_TESTS; none skips them), then the real engine (REGATE_ABLATE empty) and one variant
-#            REGATE_ABLATE=<item> per item of $ABLATE (default "norm tower tower:read tower:read+lm_head:read
-#            delta_rule attention": the step without that part or, for a GEMM part's :read, with a plain read
-#            of its bytes in its place); $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab
+#            REGATE_ABLATE=<item> per item of $ABLATE (default "norm norm:empty tower tower:empty tower:read
+#            tower:read+lm_head:read delta_rule attention": the step without that part, with an empty launch
+#            in each of its launches' places (:empty) or, for a GEMM part's :read, a plain read of its bytes);
+#            $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
 #            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
@@ -248,7 +249,7 @@ print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 
 
 stage_ablate() {
   local v="REGATE_ABLATE=" item
-  for item in ${ABLATE:-norm tower tower:read tower:read+lm_head:read delta_rule attention}; do v="$v REGATE_ABLATE=$item"; done
+  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do v="$v REGATE_ABLATE=$item"; done
   AB_TESTS="${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py}" AB_VARIANTS="$v" stage_ab
 }
 

@@ -19,6 +19,7 @@ from engine_oracle import tiny
     ("", {}),
     ("norm", {"norm": "free"}),
     ("norm+tower:read", {"norm": "free", "tower": "read"}),
+    ("norm:empty+tower:empty", {"norm": "empty", "tower": "empty"}),
     (" lm_head:free + delta_rule+attention ", {"lm_head": "free", "delta_rule": "free", "attention": "free"}),
 ])
 def test_parse_reads_parts_and_modes_in_order(text, want):
@@ -28,10 +29,11 @@ def test_parse_reads_parts_and_modes_in_order(text, want):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("norms", r"unknown part 'norms' in 'norms'; expected tower \+ lm_head \+ norm"),
+    ("norms", r"unknown part 'norms' in 'norms'; expected tower \+ lm_head \+ norm \+ delta_rule \+ attention, "
+              r"each with an optional :free\|:empty\|:read"),
     ("norm,tower", r"unknown part 'norm,tower'"),  # a comma is the A/B script's separator, not ours
-    ("norm:read", r"'norm' has no mode 'read' in 'norm:read'; expected free"),
-    ("tower:fast", r"'tower' has no mode 'fast'.*expected free, read"),
+    ("norm:read", r"'norm' has no mode 'read' in 'norm:read'; expected free, empty$"),
+    ("tower:fast", r"'tower' has no mode 'fast'.*expected free, empty, read$"),
     ("tower+tower:read", r"'tower' named twice"),
 ])
 def test_parse_refuses_what_it_does_not_know_naming_the_variable(text, match):
@@ -67,6 +69,20 @@ def test_the_fused_kernels_of_an_ablated_part_launch_nothing_and_return_their_sh
     assert calls == []  # not one of the real functions ran
     assert out.silu_mul() == "silu_mul" and out.delta_prefill() == "delta_prefill" and out.prefill is True
     assert ns.rms_norm(h, None, 1e-6) == "rms_norm"  # the engine's own namespace is left as it was
+
+
+def test_the_empty_mode_launches_one_empty_kernel_in_each_ones_place(monkeypatch):
+    from kernels import plain_read
+
+    launched: list = []
+    monkeypatch.setattr(plain_read, "empty_launch", launched.append)
+    calls: list = []
+    out = ablate.fused(_recording_kernels(calls), ablate.parse("norm:empty+attention"))
+    h = torch.randn(2, 8)
+    assert out.rms_norm(h, None, 1e-6) is h and out.add_rms_norm(h, None, None, 1e-6) == (h, h)
+    q = torch.randn(1, 2, 4)
+    assert out.attention_prep(q) is q  # attention: free, no launch
+    assert launched == [h.device, h.device] and calls == []
 
 
 def test_only_the_named_parts_are_replaced():

@@ -21,7 +21,8 @@ def _engine(monkeypatch, text: str, graphs: bool | None = None) -> Engine:
                   allow_ablation=True)
 
 
-@pytest.mark.parametrize("text", ["norm", "delta_rule", "attention", "tower", "tower:read", "lm_head", ALL])
+@pytest.mark.parametrize("text", ["norm", "norm:empty", "delta_rule", "attention:empty", "tower", "tower:empty",
+                                  "tower:read", "lm_head", ALL])
 def test_an_ablated_engine_decodes_from_its_graphs_to_the_end(monkeypatch, text):
     eng = _engine(monkeypatch, text)
     out = eng.generate([[3, 1, 4, 1, 5], [2, 7, 1]], 6)

@@ -1,6 +1,6 @@
-"""The fp4 GEMM's side of engine/ablate.py: `ablate="free"` launches nothing and `"read"` launches only
-a plain read of the operand's bytes, and either returns what the GEMM would (y, or a split launch's
-SplitSum with as many splits), unwritten. Run on the CPU with the CUDA extension forbidden: no launch
+"""The fp4 GEMM's side of engine/ablate.py: `ablate="free"` launches nothing, `"empty"` one kernel that
+does nothing and `"read"` only a plain read of the operand's bytes, and each returns what the GEMM
+would (y, or a split launch's SplitSum with as many splits), unwritten. Run on the CPU with the CUDA extension forbidden: no launch
 of the GEMM can hide behind an ablation."""
 from __future__ import annotations
 
@@ -27,14 +27,22 @@ def reads(monkeypatch):
     got: list[tuple[int, int]] = []
     monkeypatch.setattr(tile_gemm, "extension", no_extension)
     monkeypatch.setattr(plain_read, "read_pair", lambda a, b: got.append((a.data_ptr(), b.data_ptr())))
+    monkeypatch.setattr(plain_read, "empty_launch", lambda device: got.append(("empty", device.type)))
     return got
+
+
+def _launched(mode: str, *pairs) -> list:
+    """What the reads fixture records for GEMM launches over these (words, codes) pairs in `mode`."""
+    if mode == "read":
+        return _ptrs(*pairs)
+    return [("empty", "cpu")] * len(pairs) if mode == "empty" else []
 
 
 def _ptrs(*pairs) -> list[tuple[int, int]]:
     return [(a.data_ptr(), b.data_ptr()) for a, b in pairs]
 
 
-@pytest.mark.parametrize("mode", ["free", "read"])
+@pytest.mark.parametrize("mode", ["free", "empty", "read"])
 def test_a_split_launch_returns_its_splitsum_unwritten(reads, mode):
     w = _weight("layers.0.mlp.down_proj", 256, 4096, 0)
     x = torch.randn(1, 4096).to(torch.bfloat16)
@@ -46,10 +54,10 @@ def test_a_split_launch_returns_its_splitsum_unwritten(reads, mode):
     assert isinstance(s, tile_gemm.SplitSum) and s.shape == (1, 256)
     assert s.partial.shape[0] == splits and s.partial.dtype == torch.float32
     assert s.scale == pytest.approx(w.global_scale * tile_gemm.OUT_SHIFT)
-    assert reads == (_ptrs((op.words, op.codes)) if mode == "read" else [])
+    assert reads == _launched(mode, (op.words, op.codes))
 
 
-@pytest.mark.parametrize("mode", ["free", "read"])
+@pytest.mark.parametrize("mode", ["free", "empty", "read"])
 def test_a_plain_and_a_merged_launch_return_y_unwritten(reads, mode):
     w = _weight("layers.0.mlp.up_proj", 256, 512, 1)
     x = torch.randn(3, 512).to(torch.bfloat16)
@@ -59,7 +67,7 @@ def test_a_plain_and_a_merged_launch_return_y_unwritten(reads, mode):
     m = merge.merge([w, _weight("layers.0.mlp.gate_proj", 128, 512, 2)])
     ym = nvfp4_gemm.matmul_merged(x, m, ablate=mode)
     assert ym.shape == (3, 384) and ym.dtype == torch.bfloat16
-    assert reads == (own + _ptrs((m.op.words, m.op.codes)) if mode == "read" else [])
+    assert reads == (own + _ptrs((m.op.words, m.op.codes)) if mode == "read" else _launched(mode, w, w))
 
 
 def test_prefill_sized_m_is_ablated_too(reads, monkeypatch):
@@ -69,18 +77,18 @@ def test_prefill_sized_m_is_ablated_too(reads, monkeypatch):
     assert y.shape == (64, 256) and reads == _ptrs((w.kernel_operand.words, w.kernel_operand.codes))
 
 
-@pytest.mark.parametrize("mode", ["free", "read"])
+@pytest.mark.parametrize("mode", ["free", "empty", "read"])
 def test_a_weight_without_a_tile_operand_reads_its_checkpoint_layout(reads, mode):
     w = _weight("layers.0.linear_attn.in_proj_b", 48, 512, 4, operand=False)
     y = nvfp4_gemm.matmul(torch.randn(2, 512).to(torch.bfloat16), w, ablate=mode)
     assert y.shape == (2, 48) and y.dtype == torch.bfloat16
-    assert reads == (_ptrs((w.packed, w.block_scale)) if mode == "read" else [])
+    assert reads == _launched(mode, (w.packed, w.block_scale))
 
 
 def test_an_unknown_mode_is_refused_naming_the_weight(reads):
     w = _weight("layers.0.mlp.up_proj", 256, 512, 5)
     x = torch.randn(1, 512).to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"tile_gemm: ablate='fast', expected one of \('free', 'read'\)"):
+    with pytest.raises(ValueError, match=r"tile_gemm: ablate='fast', expected one of \('free', 'empty', 'read'\)"):
         nvfp4_gemm.matmul(x, w, ablate="fast")
     w.kernel_operand = None
     with pytest.raises(ValueError, match=r"layers.0.mlp.up_proj: ablate='fast'"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import plain_read
-from kernels.plain_read import read, read_pair, xor_reference
+from kernels.plain_read import empty_launch, read, read_pair, xor_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="no GPU and Triton's interpreter is off")
@@ -40,3 +40,10 @@ def test_bytes_that_are_not_whole_words_are_refused_by_shape_and_dtype():
         plain_read.words(torch.zeros(7, dtype=torch.uint8))
     with pytest.raises(ValueError, match="not contiguous"):
         plain_read.words(torch.zeros(8, 4, dtype=torch.int32).t())
+
+
+def test_an_empty_launch_runs_and_writes_nothing():
+    sink = plain_read._sink(torch.device(DEV))
+    sink.fill_(7)
+    empty_launch(torch.device(DEV))
+    assert sink.item() == 7
