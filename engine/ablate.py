@@ -6,7 +6,8 @@ dependency's release as well as its work. That is not what removing the part wou
 kernel has a release to wait for either way, and its early weight loads overlap differently (the
 64-layer step's `norm` books 0.61 ms over 129 launches, ~4.7 us each, for well under a microsecond of
 work each). An ablation measures the saving directly: the engine is built with the parts named in
-REGATE_ABLATE replaced, and `engine bench` times the step as usual. Items, joined by "+" (a comma separates the A/B script's variables):
+REGATE_ABLATE replaced, and `engine bench` times the step as usual. Items, joined by "+" (a comma
+separates the A/B script's variables):
 
 - `norm`: the residual add + RMSNorm launches (rms_norm, add_rms_norm) return their input;
 - `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step, conv_delta_step);

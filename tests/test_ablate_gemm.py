@@ -1,7 +1,7 @@
 """The fp4 GEMM's side of engine/ablate.py: `ablate="free"` launches nothing, `"empty"` one kernel that
 does nothing and `"read"` only a plain read of the operand's bytes, and each returns what the GEMM
-would (y, or a split launch's SplitSum with as many splits), unwritten. Run on the CPU with the CUDA extension forbidden: no launch
-of the GEMM can hide behind an ablation."""
+would (y, or a split launch's SplitSum with as many splits), unwritten. Run on the CPU with the CUDA
+extension forbidden: no launch of the GEMM can hide behind an ablation."""
 from __future__ import annotations
 
 import pytest
