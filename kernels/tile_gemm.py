@@ -205,8 +205,9 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
-    if ablate is not None:
-        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y)
+    if ablate is not None:  # a split launch not left to its consumer is two launches: the GEMM, its reduce
+        launches = 2 if splits > 1 and not defer and split_counters(x.device) is None else 1
+        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches)
     counters = split_counters(x.device) if splits > 1 and not defer else None
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
@@ -223,15 +224,15 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
 ABLATE_MODES = ("free", "empty", "read")
 
 
-def _ablated(op: TileOperand, mode: str, result):
-    """`result` as the GEMM would return it, unwritten: after no launch ("free"), one launch that does
-    nothing ("empty"), or one plain read of the operand's words and scale codes ("read"; its N % 16
-    tail rows, which no decode shape of the 27B has, are not read)."""
-    ablated_launch(mode, op.words, op.codes, "tile_gemm")
+def _ablated(op: TileOperand, mode: str, result, launches: int = 1):
+    """`result` as the GEMM would return it, unwritten: after no launch ("free"), a launch that does
+    nothing in each of its `launches` places ("empty"), or one plain read of the operand's words and
+    scale codes ("read"; its N % 16 tail rows, which no decode shape of the 27B has, are not read)."""
+    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches)
     return result
 
 
-def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str) -> None:
+def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1) -> None:
     """What an ablated GEMM launches in its place (engine/ablate.py's modes) over its operand's bytes."""
     if mode not in ABLATE_MODES:
         raise ValueError(f"{what}: ablate={mode!r}, expected one of {ABLATE_MODES}")
@@ -240,7 +241,8 @@ def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: st
     if mode == "read":
         plain_read.read_pair(words, codes)
     elif mode == "empty":
-        plain_read.empty_launch(words.device)
+        for _ in range(launches):
+            plain_read.empty_launch(words.device)
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

@@ -31,11 +31,17 @@ def reads(monkeypatch):
     return got
 
 
-def _launched(mode: str, *pairs) -> list:
-    """What the reads fixture records for GEMM launches over these (words, codes) pairs in `mode`."""
+def _launched(mode: str, *pairs, launches: int = 1) -> list:
+    """What the reads fixture records for GEMM launches over these (words, codes) pairs in `mode`, each
+    GEMM `launches` kernels (2: a split launch and its reduce kernel)."""
     if mode == "read":
         return _ptrs(*pairs)
-    return [("empty", "cpu")] * len(pairs) if mode == "empty" else []
+    return [("empty", "cpu")] * (launches * len(pairs)) if mode == "empty" else []
+
+
+def _splits(m: int, op) -> int:
+    cfg = tile_gemm.table.tile_config(m, op.n, op.k)
+    return -(-(op.k // tile_gemm.K_GROUP) // tile_gemm.groups_per_split(m, op.n_main, op.k, cfg, 132))
 
 
 def _ptrs(*pairs) -> list[tuple[int, int]]:
@@ -47,8 +53,7 @@ def test_a_split_launch_returns_its_splitsum_unwritten(reads, mode):
     w = _weight("layers.0.mlp.down_proj", 256, 4096, 0)
     x = torch.randn(1, 4096).to(torch.bfloat16)
     op = w.kernel_operand
-    cfg = tile_gemm.table.tile_config(1, op.n, op.k)
-    splits = -(-(op.k // tile_gemm.K_GROUP) // tile_gemm.groups_per_split(1, op.n_main, op.k, cfg, 132))
+    splits = _splits(1, op)
     assert splits > 1, "the shape must split K at M=1 for this test to mean anything"
     s = nvfp4_gemm.matmul_split(x, w, ablate=mode)
     assert isinstance(s, tile_gemm.SplitSum) and s.shape == (1, 256)
@@ -67,7 +72,15 @@ def test_a_plain_and_a_merged_launch_return_y_unwritten(reads, mode):
     m = merge.merge([w, _weight("layers.0.mlp.gate_proj", 128, 512, 2)])
     ym = nvfp4_gemm.matmul_merged(x, m, ablate=mode)
     assert ym.shape == (3, 384) and ym.dtype == torch.bfloat16
-    assert reads == (own + _ptrs((m.op.words, m.op.codes)) if mode == "read" else _launched(mode, w, w))
+    assert _splits(3, m.op) == _splits(3, w.kernel_operand) == 2  # each is a split GEMM and its reduce
+    assert reads == (own + _ptrs((m.op.words, m.op.codes)) if mode == "read" else _launched(mode, w, w, launches=2))
+
+
+def test_an_empty_split_launch_summed_by_its_reduce_kernel_is_two_empty_launches(reads):
+    """A split GEMM whose partials are not left to a consumer is the GEMM and its reduce kernel."""
+    w = _weight("layers.0.linear_attn.in_proj_qkv", 256, 4096, 6)
+    y = nvfp4_gemm.matmul(torch.randn(1, 4096).to(torch.bfloat16), w, ablate="empty")
+    assert y.shape == (1, 256) and reads == [("empty", "cpu")] * 2
 
 
 def test_prefill_sized_m_is_ablated_too(reads, monkeypatch):
