@@ -35,13 +35,15 @@
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
 #            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved, $AB_LEGS times
 #            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests;
+#            the bench lines go to $OUT/$AB_JSONL (default ab-benches.jsonl);
 #            then scripts/ab_verdict.py judges each variant against the first with the grid's verdict statistics
 #   ablate   `ab` of the engine with parts removed (engine/ablate.py; timing only): the ablation's GPU tests
 #            ($ABLATE_TESTS; none skips them), then the real engine (REGATE_ABLATE empty) and one variant
 #            REGATE_ABLATE=<item> per item of $ABLATE (default "norm norm:empty tower tower:empty tower:read
 #            tower:read+lm_head:read delta_rule attention": the step without that part, with an empty launch
 #            in each of its launches' places (:empty) or, for a GEMM part's :read, a plain read of its bytes);
-#            $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab
+#            $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab; then scripts/ablation_table.py: what each item
+#            saves the step, and a part's link apart from its work
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
 #            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
@@ -239,18 +241,22 @@ stage_ab() {
       | tail -1 > "$f.json"
     $PY -c "
 import json; r = json.load(open('$f.json')); p = r['params']
-open('$OUT/ab-benches.jsonl', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')
+open('$OUT/${AB_JSONL:-ab-benches.jsonl}', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')
 print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill',
       round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" 2>/dev/null \
       || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
   done; done; done
-  [ -s "$OUT/ab-benches.jsonl" ] && $PY scripts/ab_verdict.py "$OUT/ab-benches.jsonl" | head -n -1  # the grid's statistics
+  local j="$OUT/${AB_JSONL:-ab-benches.jsonl}"
+  [ -s "$j" ] && $PY scripts/ab_verdict.py "$j" | head -n -1  # the grid's statistics
 }
 
 stage_ablate() {
   local v="REGATE_ABLATE=" item
   for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do v="$v REGATE_ABLATE=$item"; done
-  AB_TESTS="${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py}" AB_VARIANTS="$v" stage_ab
+  AB_JSONL=ablation-benches.jsonl AB_TESTS="${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py}" \
+    AB_VARIANTS="$v" stage_ab
+  [ -s "$OUT/ablation-benches.jsonl" ] && $PY scripts/ablation_table.py "$OUT/ablation-benches.jsonl" | tee "$OUT/ablation.txt" \
+    | head -n -1
 }
 
 stage_kernels() {
