@@ -68,3 +68,11 @@ def fused_sample(device: torch.device):
     from kernels.sample import greedy_topk
 
     return greedy_topk
+
+
+def step_prefetch(device: torch.device):
+    """kernels.l2_prefetch.StepPrefetch for a model runner on `device` (each decode GEMM forks the next
+    one's weights into L2; REGATE_L2_PREFETCH MiB per GEMM, off by default), or None."""
+    from kernels import l2_prefetch
+
+    return l2_prefetch.for_device(device)

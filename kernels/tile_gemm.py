@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from kernels import table
+from kernels import l2_prefetch, table
 from kernels.table import Config, WgmmaConfig
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, TileOperand
 from kernels.triton_gemm import nvfp4_gemm
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "l2_prefetch.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
@@ -216,6 +216,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
                                   PREFETCH_GROUPS, defer, early_groups(), PREFETCH_AHEAD, RING_STAGES)
+    l2_prefetch.launched(op, m, sms)  # inside a decode step with REGATE_L2_PREFETCH: the next GEMM's weights
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

@@ -150,3 +150,13 @@ def test_a_graph_replays_a_captured_copy_as_a_copy_kernel_of_its_own_name():
     eager = (["rms", "Memcpy DtoD (Device -> Device)", "gemm"], ["norm", "other", "lm_head"])
     out = device_parts(_graph_trace(["rms", "memcpy32_post", "gemm"]), eager)
     assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}
+
+
+def test_a_side_streams_prefetch_is_matched_apart_from_the_main_streams_kernels():
+    """kernels/l2_prefetch.py's kernel runs on a side stream: a replay starts it at another point among
+    the main stream's kernels than the eager step launched it; each stream keeps its own order."""
+    eager = (["gather", "rms", "gemm", "l2_prefetch_kernel", "topk"], ["other", "norm", "lm_head", "prefetch", "sample"])
+    out = device_parts(_graph_trace(["gather", "rms", "gemm", "topk", "l2_prefetch_kernel"]), eager)
+    assert out == {"norm": 8, "other": 8, "lm_head": 8, "prefetch": 8, "sample": 8, "idle": 100 - 40}
+    with pytest.raises(AttributionError, match="activity 2 of a CUDA graph replay is 'topk'"):
+        device_parts(_graph_trace(["gather", "rms", "topk", "gemm", "l2_prefetch_kernel"]), eager)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "l2_prefetch.h"
 #include "nvfp4_tile_gemm.h"
 
 namespace {
@@ -119,10 +120,31 @@ void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const to
               " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
 }
 
+// The first `count` K groups of every (row tile, K split) of a tile-layout operand into L2, on the
+// current stream (kernels/l2_prefetch.py: the side stream of a decode step).
+void l2_prefetch_into(const torch::Tensor& words, const torch::Tensor& codes, int64_t groups_per_split,
+                      int64_t count) {
+  check(words.is_cuda() && words.scalar_type() == torch::kInt32 && words.dim() == 4 && words.size(2) == 32 &&
+            words.size(3) == 4 && words.size(1) % 4 == 0 && words.is_contiguous(),
+        "l2_prefetch: words must be contiguous CUDA int32 [N/16, K/64, 32, 4] with K % 256 == 0");
+  const int64_t row_tiles = words.size(0), groups = words.size(1) / 4;
+  check(codes.is_cuda() && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() &&
+            codes.numel() == row_tiles * groups * 256,
+        "l2_prefetch: codes must be contiguous CUDA uint8 [N/16, K/256, 32, 4, 2] matching words");
+  check(groups_per_split >= 1 && groups_per_split <= groups, "l2_prefetch: groups_per_split must be 1..K/256");
+  check(count >= 0 && count <= groups_per_split, "l2_prefetch: count must be 0..groups_per_split");
+  check(count * 2048 < (1 << 20), "l2_prefetch: a run must stay under the bulk prefetch's 1 MiB");
+  const int64_t splits = (groups + groups_per_split - 1) / groups_per_split;
+  const cudaError_t err = l2_prefetch(words.data_ptr(), codes.data_ptr(), (int)row_tiles, (int)groups,
+                                      (int)groups_per_split, (int)splits, (int)count, stream_of(words));
+  TORCH_CHECK(err == cudaSuccess, "l2_prefetch launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
   mod.def("wgmma_gemm_out", &wgmma_gemm_out, "packed NVFP4 W4A16 wgmma GEMM into y (see nvfp4_wgmma_gemm.cu)");
   mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma kernel's shared-memory stages");
+  mod.def("l2_prefetch", &l2_prefetch_into, "a tile-layout operand's first K groups per split into L2");
 }
