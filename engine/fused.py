@@ -33,7 +33,9 @@ CONV_IN_STEP_ENV = "REGATE_CONV_IN_STEP"
 PREFILL_ATTENTION_ENV = "REGATE_PREFILL_ATTENTION"
 # The decode step's greedy pick and top-k in two Triton launches (kernels/sample.py) instead of torch's
 # topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary). The same values and
-# ids bit for bit (tests/test_sample.py). Off until an A/B on the H200 shows it; =1 turns it on.
+# ids bit for bit (tests/test_sample.py). On the H200 (64-layer 27b, 3 legs): 6.454 -> 6.368 ms/step at
+# batch 1, 8.730 -> 8.638 at batch 16, both binding (docs/lab/2026-12-04-prefill-graphs.md); so on by
+# default on CUDA since session 28 (the GPU gate has not run with it yet); =0 keeps torch's pick.
 SAMPLE_ENV = "REGATE_FUSED_SAMPLE"
 
 
@@ -61,9 +63,9 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
 
 
 def fused_sample(device: torch.device):
-    """kernels.sample.greedy_topk where the decode step's pick runs on it (CUDA with REGATE_FUSED_SAMPLE=1),
+    """kernels.sample.greedy_topk where the decode step's pick runs on it (CUDA unless REGATE_FUSED_SAMPLE=0),
     else None (torch's topk and argmax, the reference)."""
-    if device.type != "cuda" or os.environ.get(SAMPLE_ENV, "0") != "1":
+    if device.type != "cuda" or os.environ.get(SAMPLE_ENV, "1") == "0":
         return None
     from kernels.sample import greedy_topk
 

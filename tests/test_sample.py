@@ -149,3 +149,13 @@ def test_the_benchs_reference_is_the_runners_pick():
     ref_out, ref_prev = torch.zeros_like(out), torch.full_like(prev, -1)
     reference(logits, 5, ref_out, ref_prev)
     assert torch.equal(out, ref_out) and torch.equal(prev, ref_prev)
+
+
+def test_the_kernel_picks_by_default_on_cuda_and_never_on_the_cpu(monkeypatch):
+    from engine.fused import SAMPLE_ENV, fused_sample
+
+    monkeypatch.delenv(SAMPLE_ENV, raising=False)
+    assert fused_sample(torch.device("cuda")) is sample.greedy_topk
+    assert fused_sample(torch.device("cpu")) is None
+    monkeypatch.setenv(SAMPLE_ENV, "0")
+    assert fused_sample(torch.device("cuda")) is None
