@@ -40,6 +40,7 @@ import torch
 
 from engine.backends import Fp4Gemm
 from engine.errors import AblationError
+from engine.rms_fold import RmsFold
 
 ENV = "REGATE_ABLATE"
 GEMM_PARTS = ("tower", "lm_head")
@@ -89,9 +90,16 @@ def _unwritten(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 # Per part, each fused function it launches -> (the tensor whose device the launch is on, what it returns).
+def _unscaled(x: torch.Tensor, eps: float) -> RmsFold:
+    """A folded norm's output without its kernel: x as the rows, unwritten sums of squares."""
+    return RmsFold(x, torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device), eps)
+
+
 _STUBS = {
     "norm": {"rms_norm": lambda x, weight, eps: (x, x),
-             "add_rms_norm": lambda h, d, weight, eps, **kw: (h, (h, h))},
+             "add_rms_norm": lambda h, d, weight, eps, **kw: (h, (h, h)),
+             "rms_norm_fold": lambda x, weight, eps: (x, _unscaled(x, eps)),
+             "add_rms_norm_fold": lambda h, d, weight, eps: (h, (h, _unscaled(h, eps)))},
     "delta_rule": {"conv_step": lambda qkv, *a, **kw: (qkv, qkv),
                    "delta_step": lambda mixed, z, *a, **kw: (z, _unwritten(z.shape, z)),
                    "conv_delta_step": lambda qkv, conv, w, z, *a, **kw: (z, _unwritten(z.shape, z))},

@@ -37,6 +37,13 @@ PREFILL_ATTENTION_ENV = "REGATE_PREFILL_ATTENTION"
 # batch 1, 8.730 -> 8.638 at batch 16, both binding (docs/lab/2026-12-04-prefill-graphs.md); so on by
 # default on CUDA since session 28 (the GPU gate has not run with it yet); =0 keeps torch's pick.
 SAMPLE_ENV = "REGATE_FUSED_SAMPLE"
+# The decode step's residual add + RMSNorm leaves each row's factor to the GEMM that reads it
+# (engine/rms_fold.py): the norm's launch has no whole-row reduction, its rows are spread over programs,
+# and the M <= 8 tile GEMM applies the factor in its epilogue. Not the reference's rounding (judged by
+# the oracle's margins). Only where a decode step has at most NORM_FOLD_MAX_ROWS rows (the GEMMs that
+# fold); never the final norm (the head may be a BF16 GEMM). Off until an A/B on the H200; =1 turns it on.
+NORM_FOLD_ENV = "REGATE_NORM_FOLD"
+NORM_FOLD_MAX_ROWS = 8
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
@@ -49,8 +56,10 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
     split_sum_in_norm = os.environ.get(SPLIT_SUM_ENV, "1") != "0"
     conv_in_step = os.environ.get(CONV_IN_STEP_ENV, "0") == "1"
     prefill_attention = os.environ.get(PREFILL_ATTENTION_ENV, "0") == "1"
+    norm_fold = os.environ.get(NORM_FOLD_ENV, "0") == "1"
     return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_in_step=conv_in_step,
-                           prefill_attention=prefill_attention,
+                           prefill_attention=prefill_attention, norm_fold=norm_fold,
+                           rms_norm_fold=decode_norm.rms_norm_fold, add_rms_norm_fold=decode_norm.add_rms_norm_fold,
                            conv_prefill=gdn_prefill.conv_prefill,
                            delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,

@@ -4,6 +4,10 @@
   in one pass: h + d rounded to the activation dtype (the new residual), then normed in FP32. d may
   be a split-K GEMM's unsummed partials (kernels.tile_gemm.SplitSum): the kernel sums them first,
   exactly as the GEMM's reduce kernel would have (bit for bit), one launch fewer.
+- `add_rms_norm_fold` / `rms_norm_fold` (REGATE_NORM_FOLD, engine/rms_fold.py): the same residual, and
+  the normed rows without their factor, a row in chunks of FOLD_CHUNK columns over independent
+  programs (no whole-row reduction, no arrival count): x * (1 + w) rounded once and each chunk's sum of
+  squares; the M <= 8 tile GEMM that reads them applies the factor in its epilogue.
 - `silu_mul`: the SwiGLU activation silu(gate) * up, rounded where the reference rounds (after SiLU).
 
 `add_rms_norm` at a few rows may spread a row over several programs (REGATE_NORM_CHUNKS=C; 1, one
@@ -86,6 +90,29 @@ def add_rms_norm_chunk_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, ss_ptr, cou
         xr = tl.load(res_ptr + r * s_res + col, mask=cm, other=0.0, cache_modifier=".cg").to(tl.float32)  # not L1's
         y = xr * inv * (1.0 + tl.load(w_ptr + col, mask=cm).to(tl.float32))
         tl.store(out_ptr + r * s_out + col, round_to(y, dt).to(dt), mask=cm)
+
+
+@triton.jit
+def add_norm_fold_kernel(h_ptr, d_ptr, w_ptr, res_ptr, out_ptr, ss_ptr, n, s_h, s_d, s_res, s_out, s_split, d_scale,
+                         HAS_D: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                         PDL: tl.constexpr):
+    """add_rms_norm_kernel's row without its factor (engine/rms_fold.py): each program a chunk of a row,
+    x = h (+ d) as there, x * (1 + w) rounded once, and the chunk's sum of x^2; no reduction over the row."""
+    if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    r = tl.program_id(0)
+    j = tl.program_id(1)
+    c = j * CHUNK + tl.arange(0, CHUNK)
+    m = c < n
+    dt = out_ptr.dtype.element_ty
+    x = tl.load(h_ptr + r * s_h + c, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32)
+    if HAS_D:
+        x = round_to(x + _d_row(d_ptr, r, c, m, s_d, s_split, d_scale, SPLITS), dt)
+        tl.store(res_ptr + r * s_res + c, x.to(dt), mask=m)
+    tl.store(ss_ptr + r * CHUNKS + j, tl.sum(x * x, axis=0))
+    tl.store(out_ptr + r * s_out + c, round_to(x * (1.0 + w), dt).to(dt), mask=m)
 
 
 @triton.jit
@@ -174,6 +201,46 @@ def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float, num_warps
         scale, SPLITS=splits, CHUNK=chunk, CHUNKS=programs, CHUNKS_P2=triton.next_power_of_2(programs),
         BLOCK=_block(n), num_warps=num_warps, **pdl.launch_options(h.device))
     return res, out
+
+
+# Columns a program of the folded norm (add_rms_norm_fold): 10 programs a 27b row of 5120; the GEMM that
+# reads the row sums that many chunk sums in its epilogue.
+FOLD_CHUNK = 512
+
+
+def add_rms_norm_fold(h: torch.Tensor, d, weight: torch.Tensor, eps: float):
+    """(h + d, the RmsFold of RMSNorm(h + d)): add_rms_norm's residual bit for bit, and its normed rows
+    left for the GEMM that reads them to scale (engine/rms_fold.py). d: a tensor or a SplitSum, as there."""
+    if tuple(d.shape) != tuple(h.shape):
+        raise ValueError(f"add_rms_norm_fold: d has shape {tuple(d.shape)}, h {tuple(h.shape)}")
+    res = torch.empty_like(h)
+    return res, _fold(h, d, weight, eps, res)
+
+
+def rms_norm_fold(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The RmsFold of RMSNorm(x) (rms_norm's rows, their factor left for the GEMM that reads them)."""
+    return _fold(x, None, weight, eps, None)
+
+
+def _fold(h: torch.Tensor, d, weight: torch.Tensor, eps: float, res: torch.Tensor | None):
+    from engine.rms_fold import RmsFold
+
+    rows, n = h.shape
+    chunks = triton.cdiv(n, FOLD_CHUNK)
+    out = torch.empty_like(h)
+    ss = torch.empty(rows, chunks, dtype=torch.float32, device=h.device)
+    if d is None:
+        d_ptr, s_d, s_split, scale, splits = h, 0, 0, 1.0, 0
+    elif isinstance(d, torch.Tensor):
+        d_ptr, s_d, s_split, scale, splits = d, d.stride(0), 0, 1.0, 0
+    else:  # a SplitSum
+        d_ptr, s_d, s_split, scale, splits = d.partial, d.partial.stride(1), d.partial.stride(0), d.scale, \
+            d.partial.shape[0]
+    add_norm_fold_kernel[(rows, chunks)](
+        h, d_ptr, weight, res if res is not None else h, out, ss, n, h.stride(0), s_d,
+        res.stride(0) if res is not None else 0, out.stride(0), s_split, scale, HAS_D=d is not None,
+        SPLITS=splits, CHUNK=FOLD_CHUNK, CHUNKS=chunks, num_warps=4, **pdl.launch_options(h.device))
+    return RmsFold(out, ss, eps)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import table
+from kernels import table, tile_gemm
+from kernels.tile_gemm import groups_per_split
 from kernels.tile_layout import K_GROUP, TileOperand
 
 ENV = "REGATE_L2_PREFETCH"
@@ -77,8 +78,6 @@ def plan(op: TileOperand, m: int, sms: int, budget: int) -> Plan | None:
     """The prefetch of `op` ahead of its GEMM at M=m on `sms` SMs within `budget` bytes, or None where
     nothing is prefetched (no budget, an M that runs as dequantize + cuBLAS, a budget under one group
     per run)."""
-    from kernels.tile_gemm import groups_per_split  # the launch's own split rule
-
     if budget <= 0 or table.dequant_from(m, op.n, op.k):
         return None
     row_tiles, groups = op.n_main // 16, op.k // K_GROUP
@@ -118,7 +117,7 @@ class Order:
 
 class StepPrefetch:
     """A model runner's prefetches: `with step(rows):` around a decode step; inside it, each GEMM
-    launch (kernels/tile_gemm.py calls `launched`) forks the next GEMM's prefetch."""
+    launch (kernels/tile_gemm.py calls `launched` through its `after_launch`) forks the next GEMM's prefetch."""
 
     def __init__(self, device: torch.device, budget: int):
         self.device, self.budget = device, budget
@@ -130,13 +129,13 @@ class StepPrefetch:
 
     @contextlib.contextmanager
     def step(self, rows: int):
-        global _active
         self.order.begin(rows)
-        self._rows, self._forked, _active = rows, False, self
+        self._rows, self._forked = rows, False
+        tile_gemm.after_launch = self.launched
         try:
             yield
         finally:
-            _active, self._rows = None, None
+            tile_gemm.after_launch, self._rows = None, None
             self.order.end(rows)
             if self._forked:  # the side stream rejoins the step's stream before anything after the step
                 self._join()
@@ -152,10 +151,9 @@ class StepPrefetch:
         if p is None:
             return
         from engine.scopes import scope  # the attribution books the launch to a part of its own
-        from kernels.tile_gemm import extension
 
         with self._fork(), scope("prefetch"):
-            extension().l2_prefetch(nxt.words, nxt.codes, p.groups_per_split, p.count)
+            tile_gemm.extension().l2_prefetch(nxt.words, nxt.codes, p.groups_per_split, p.count)
         self._forked = True
 
     @contextlib.contextmanager
@@ -167,15 +165,6 @@ class StepPrefetch:
 
     def _join(self) -> None:
         torch.cuda.current_stream(self.device).wait_stream(self.side)
-
-
-_active: StepPrefetch | None = None
-
-
-def launched(op: TileOperand, m: int, sms: int) -> None:
-    """Called by tile_gemm after each launch: forks the next GEMM's prefetch inside a decode step."""
-    if _active is not None:
-        _active.launched(op, m, sms)
 
 
 def for_device(device: torch.device) -> StepPrefetch | None:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from kernels import l2_prefetch, table
-from kernels.table import Config, WgmmaConfig
+from kernels import table
+from engine.rms_fold import RmsFold
+from kernels.table import Config, TileConfig, WgmmaConfig
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, TileOperand
 from kernels.triton_gemm import nvfp4_gemm
 
@@ -81,6 +82,9 @@ RING_STAGES = int(os.environ.get("REGATE_GEMM_RING", "0"))
 if RING_STAGES != 0 and not 2 <= RING_STAGES <= 8:
     raise ValueError(f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {RING_STAGES}")
 _counters: dict[int, torch.Tensor] = {}
+# Called with (op, m, sms) after each launch while a decode step runs with REGATE_L2_PREFETCH (set and
+# cleared by kernels/l2_prefetch.py, which forks the next GEMM's weights into L2 from it); else None.
+after_launch = None
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
@@ -170,7 +174,7 @@ class SplitSum:
         return (acc * self.scale).to(torch.bfloat16)
 
 
-def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
+def tile_gemm(x: torch.Tensor | RmsFold, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
               row_scale: torch.Tensor | None = None, defer_sum: bool = False,
@@ -183,7 +187,11 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
     `ablate` (engine/ablate.py, timing only): "free" launches nothing, "empty" one kernel that does
     nothing, "read" only a plain read of the operand's bytes (kernels/plain_read.py); the output (y or
-    the SplitSum) is allocated as for the GEMM and left unwritten."""
+    the SplitSum) is allocated as for the GEMM and left unwritten. `x` may be an RmsFold
+    (engine/rms_fold.py): the M <= 8 kernels (m_tiles 1, x via L1) apply its rows' factors in their
+    epilogue; any other launch (or a tail) takes its materialized rows."""
+    fold = x if isinstance(x, RmsFold) else None
+    x = fold.scaled if fold is not None else x
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -197,9 +205,12 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
             return _ablated(op, ablate, y)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
+        x = fold.materialize() if fold is not None else x
         dequant_gemm(x, op, global_scale, row_scale, y)
         return _tail(x, op, global_scale, y)
     cfg = config or table.tile_config(m, op.n, k)
+    if fold is not None and not folds(cfg, op):
+        x, fold = fold.materialize(), None
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = -(-(k // K_GROUP) // gps)
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
@@ -215,11 +226,19 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer, early_groups(), PREFETCH_AHEAD, RING_STAGES)
-    l2_prefetch.launched(op, m, sms)  # inside a decode step with REGATE_L2_PREFETCH: the next GEMM's weights
+                                  PREFETCH_GROUPS, defer, early_groups(), PREFETCH_AHEAD, RING_STAGES,
+                                  fold.ss if fold is not None else None, fold.eps if fold is not None else 0.0)
+    if after_launch is not None:  # inside a decode step with REGATE_L2_PREFETCH: the next GEMM's weights
+        after_launch(op, m, sms)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
+
+
+def folds(cfg: Config, op: TileOperand) -> bool:
+    """Whether a launch with `cfg` on `op` applies an RmsFold's factors itself: the mma.sync kernel at
+    m_tiles 1 with x via L1 (csrc/nvfp4_tile_gemm.cu), on an operand without Triton tail rows."""
+    return isinstance(cfg, TileConfig) and cfg.m_tiles == 1 and not cfg.x_shared and op.n == op.n_main
 
 
 ABLATE_MODES = ("free", "empty", "read")

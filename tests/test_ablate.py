@@ -216,3 +216,18 @@ def test_the_orchestrators_measuring_commands_refuse_to_start(orchestrator_app, 
 def test_the_orchestrators_other_commands_still_run(orchestrator_app):
     res = CliRunner().invoke(orchestrator_app, ["owed", "--help"], env={"REGATE_ABLATE": "norm"})
     assert res.exit_code == 0, res.output
+
+
+def test_an_ablated_folded_norm_launches_nothing_and_returns_a_fold_for_the_gemm():
+    from engine.rms_fold import RmsFold
+
+    calls: list = []
+    ns = _recording_kernels(calls)
+    ns.rms_norm_fold = ns.add_rms_norm_fold = lambda *a, **kw: calls.append("fold")
+    out = ablate.fused(ns, ablate.parse("norm"))
+    h = torch.randn(2, 8).to(torch.bfloat16)
+    fold = out.rms_norm_fold(h, None, 1e-6)
+    res, fold2 = out.add_rms_norm_fold(h, object(), None, 1e-6)
+    for f in (fold, fold2):
+        assert isinstance(f, RmsFold) and f.scaled is h and f.ss.shape == (2, 1) and f.eps == 1e-6
+    assert res is h and calls == []

@@ -124,7 +124,7 @@ def launches(monkeypatch):
 def _step(pf, rows, ops):
     with pf.step(rows):
         for op in ops:
-            l2.launched(op, rows, 132)  # as tile_gemm does after each launch
+            tile_gemm.after_launch(op, rows, 132)  # as tile_gemm does after each launch
 
 
 def test_a_step_forks_the_next_gemms_prefetch_after_each_gemm_and_joins_at_its_end(launches):
@@ -139,8 +139,7 @@ def test_a_step_forks_the_next_gemms_prefetch_after_each_gemm_and_joins_at_its_e
         if p is not None:  # the head: 15,520 row tiles, one group each is over 16 MiB
             expected += ["fork", (nxt.words, nxt.codes, p.groups_per_split, p.count)]
     assert len(expected) == 6 and launches == expected + ["join"]
-    l2.launched(ops[0], 1, 132)  # outside a step: nothing
-    assert launches[-1] == "join" and len(launches) == len(expected) + 1
+    assert tile_gemm.after_launch is None  # outside a step: nothing is called
 
 
 def test_a_step_with_nothing_to_prefetch_does_not_join(launches):
@@ -156,4 +155,4 @@ def test_a_step_that_raises_leaves_no_step_active(launches):
     with pytest.raises(RuntimeError):
         with pf.step(1):
             raise RuntimeError("a launch failed")
-    assert l2._active is None
+    assert tile_gemm.after_launch is None

@@ -108,6 +108,27 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
   }
 }
 
+// FOLD: the RMSNorm factor of each x row this thread's outputs belong to (rows 8 nt + 2t + j):
+// rsqrt(the row's chunk sums, summed in chunk order, / K + eps). Read only after the grid dependency
+// wait (the norm kernel before this one wrote them).
+template <int MT>
+__device__ __forceinline__ void row_factors(float (&f)[MT][2], const RmsFoldArgs& fold, int k, int m0, int m_rows,
+                                            int t) {
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int m = 8 * nt + 2 * t + j;
+      f[nt][j] = 1.f;
+      if (m >= m_rows) continue;
+      const float* row = fold.ss + (size_t)(m0 + m) * fold.ld;
+      float s = 0.f;
+#pragma unroll 4
+      for (int c = 0; c < fold.chunks; ++c) s += __ldcg(row + c);
+      f[nt][j] = rsqrtf(s / (float)k + fold.eps);
+    }
+}
+
 // RING (m_tiles 1, x via L1): each warp streams its weights through a ring of p.ring_stages K groups in
 // shared memory, each slot filled by one lane's bulk (TMA) copies and completing on its own mbarrier.
 // The register ping-pong keeps one group in flight while a warp computes; at M=1 the loop then waits
@@ -117,10 +138,10 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // (kRingBarBytes), then warp w's slots at w * ring_stages * R * kGroupSmemBytes.
 constexpr int kRingBarBytes = 16 * 8 * 8;  // up to 16 warps x 8 stages
 
-template <int R>
+template <int R, typename AfterWait>
 __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmArgs& p, const XRows<1>& xr,
                                           uint8_t* smem, int rt0, bool active, int cg0, int cg1, int chunks,
-                                          int groups, int warp, int lane, int g, int t) {
+                                          int groups, int warp, int lane, int g, int t, AfterWait&& after_wait) {
   const int stages = p.ring_stages, n = active ? cg1 - cg0 : 0;
   const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 8 * stages * warp;
   uint8_t* ring = smem + kRingBarBytes + warp * stages * R * kGroupSmemBytes;
@@ -139,6 +160,7 @@ __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmA
   for (int j = 0; j < early; ++j) fill(j);
   grid_dependency_wait();
   for (int j = early; j < first; ++j) fill(j);
+  after_wait();  // with the ring's first groups in flight
   for (int j = 0; j < n; ++j) {
     const int slot = j % stages;
     mbar_wait(bars + 8 * slot, (j / stages) & 1);
@@ -161,8 +183,12 @@ __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmA
 // instantiation, so the default kernel keeps its registers). A warp keeps only two groups in flight in registers (~32 KB an SM
 // at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
 // loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
-template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false, bool RING = false>
-__global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
+// Fold (m_tiles 1, x via L1): with a RmsFoldArgs after m_blocks, x is an RMSNorm's rows without their
+// factor, which the epilogue applies (row_factors). A parameter pack, so that the kernels without one
+// keep the parameters, and so the code, they had before the fold existed.
+template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false, bool RING = false, typename... Fold>
+__global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks, Fold... fold) {
+  constexpr bool FOLD = sizeof...(Fold) > 0;
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -211,8 +237,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // written them): then the first early_groups K groups load into registers before the wait, so
   // the weight stream starts during the previous kernels' tail. Otherwise they may only be
   // prefetched into L2 (coherent) meanwhile.
+  float rf[MT][2];  // FOLD: x's RMSNorm factor per output row, read after the wait
+  auto factors = [&] {
+    if constexpr (FOLD) row_factors<MT>(rf, fold..., p.k, m0, m_rows, t);
+  };
   if constexpr (RING) {
-    ring_loop<R>(acc, p, xr, x_smem, rt0, active, cg0, cg1, chunks, groups, warp, lane, g, t);
+    ring_loop<R>(acc, p, xr, x_smem, rt0, active, cg0, cg1, chunks, groups, warp, lane, g, t, factors);
   } else {
     const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
     if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
@@ -222,6 +252,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
     grid_dependency_wait();
     if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
     if constexpr (XS) cp_async_commit();
+    factors();  // with the first group's loads in flight
     // PFA: the groups the loop's register loads will not have reached by the time group cg0 + 2 is read.
     const int ahead = PFA ? p.prefetch_ahead : 0;
     if (PFA && active && cg0 + 2 < cg1 && ahead > 2)
@@ -257,6 +288,14 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
         }
     }
   };
+  if constexpr (FOLD) {  // x's RMSNorm factor, before anything is stored: each split's partial is scaled
+#pragma unroll           // before the splits are summed (the scaled sum, up to FP32 rounding)
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int nt = 0; nt < MT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[r][nt][j] *= rf[nt][j & 1];
+  }
   if (p.partial == nullptr) {
     if (active) each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
     return;
@@ -288,7 +327,8 @@ __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
 // memory without fitting fewer CTAs on an SM than its registers allow (at most 8), with the kernel's
 // dynamic limit raised to that: the ring's slots (RING). Queries and an attribute only, no stream
 // work, so it may run during a graph capture.
-int smem_stage_cap(void (*kernel)(TileGemmArgs, int), int threads, int fixed_bytes, int bytes_per_stage) {
+template <typename Kernel>
+int smem_stage_cap(Kernel kernel, int threads, int fixed_bytes, int bytes_per_stage) {
   int dev = 0, ctas = 0, per_sm = 0, per_cta = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, 0) != cudaSuccess ||
@@ -304,65 +344,80 @@ int smem_stage_cap(void (*kernel)(TileGemmArgs, int), int threads, int fixed_byt
 }
 
 template <int MT, int R, int WARPS, bool XS, int MINB = 1>
-cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
+cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream, const RmsFoldArgs* fold) {
   const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
   const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
   TileGemmArgs q = p;
   q.ring_stages = 0;
+  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
+  // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
+  // end of the kernel before it. Then the splits' sum, unless the kernel or the consumer does it.
+  auto go = [&](auto kernel, int smem, auto... extra) {
+    cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, q,
+                                       m_blocks, extra...);
+    if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
+    return reduce_splits(q, splits, stream);
+  };
+  const auto ring_smem = [&] { return kRingBarBytes + q.ring_stages * WARPS * R * kGroupSmemBytes; };
   if constexpr (MT == 1 && !XS) {  // the loop variants: built for the M <= 8 rows (x via L1)
-    static int ring_cap = -1;  // how many slots fit: asked once, and only where a ring is asked for
-    auto ring = tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>;
-    if (p.ring_stages > 0 && ring_cap < 0)
-      ring_cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, WARPS * R * kGroupSmemBytes);
-    q.ring_stages = std::min(std::max(p.ring_stages, 0), std::max(ring_cap, 0));
-    if (q.ring_stages < 2) q.ring_stages = 0;  // one slot is no ring: the ping-pong kernel
-    if (q.ring_stages > 0) kernel = ring;
-    else if (p.prefetch_ahead > 0) kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>;
+    // How many ring slots fit: asked once per ring kernel (each gets its own shared-memory limit
+    // raised), and only where a ring is asked for. One slot is no ring: the ping-pong kernel.
+    auto ring_stages = [&](auto ring, int& cap) {
+      if (p.ring_stages > 0 && cap < 0) cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, WARPS * R * kGroupSmemBytes);
+      const int n = std::min(std::max(p.ring_stages, 0), std::max(cap, 0));
+      return n < 2 ? 0 : n;
+    };
+    if (fold != nullptr) {
+      static int fold_ring_cap = -1;
+      q.ring_stages = ring_stages(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true, RmsFoldArgs>, fold_ring_cap);
+      if (q.ring_stages > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true, RmsFoldArgs>, ring_smem(), *fold);
+      return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, false, RmsFoldArgs>, 0, *fold);  // the fold goes without PFA
+    }
+    static int ring_cap = -1;
+    q.ring_stages = ring_stages(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>, ring_cap);
+    if (q.ring_stages > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>, ring_smem());
+    if (p.prefetch_ahead > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>, 0);
+  } else if (fold != nullptr) {
+    return cudaErrorInvalidValue;  // only the M <= 8 kernels fold: kernels/tile_gemm.py materializes x instead
   }
-  const int smem = XS                  ? 2 * MT * 8 * kXRowBytes
-                   : q.ring_stages > 0 ? kRingBarBytes + q.ring_stages * WARPS * R * kGroupSmemBytes
-                                       : 0;
+  const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
+  auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
   if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
-  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
-  // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
-  // end of the kernel before it.
-  cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, q, m_blocks);
-  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
-  return reduce_splits(q, splits, stream);
+  return go(kernel, smem);
 }
 
 template <int MT, bool XS>
-cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s) {
-  if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s);
-  if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s);
-  if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s);
+cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s,
+                      const RmsFoldArgs* f) {
+  if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s, f);
+  if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s, f);
+  if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s, f);
   if (min_ctas != 1) return cudaErrorInvalidValue;
-  if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, XS>(p, splits, s);
-  if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS>(p, splits, s);
-  if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS>(p, splits, s);
-  if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS>(p, splits, s);
-  if (rows_per_warp == 4 && warps == 4) return launch<MT, 4, 4, XS>(p, splits, s);
+  if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, XS>(p, splits, s, f);
+  if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS>(p, splits, s, f);
+  if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS>(p, splits, s, f);
+  if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS>(p, splits, s, f);
+  if (rows_per_warp == 4 && warps == 4) return launch<MT, 4, 4, XS>(p, splits, s, f);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      int splits, cudaStream_t stream) {
+                      int splits, cudaStream_t stream, const RmsFoldArgs* fold) {
   cudaError_t err;
   switch (m_tiles * 2 + (x_shared ? 1 : 0)) {
-    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
-    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
     default: return cudaErrorInvalidValue;
   }
   return err;  // each launcher summed the splits: in the kernel (counters) or with reduce_splits

@@ -33,12 +33,23 @@ struct TileGemmArgs {
                            // where it would fit fewer CTAs on an SM; 0: the register ping-pong)
 };
 
+// An RMSNorm left for the GEMM (engine/rms_fold.py): x holds the norm's rows without their factor, and
+// ss [M, ld] FP32 each row's sums of squares by chunk; the mma.sync kernel at m_tiles 1 with x via L1
+// multiplies row m's outputs by rsqrt(sum of its chunks / K + eps). Its own kernel (tile_gemm_fold_kernel):
+// TileGemmArgs stays as it is, so the other kernels compile as before.
+struct RmsFoldArgs {
+  const float* ss;
+  int chunks, ld;
+  float eps;
+};
+
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
 // {(1,4), (1,8), (2,4), (2,8), (4,4)} with min_ctas 1, or (rows_per_warp, warps, min_ctas) in
 // {(2,4,4), (2,8,2), (1,8,3)} (registers capped so that many CTAs fit an SM); x_shared: stage x in
 // shared memory per CTA (else each warp reads it through L1); splits = ceil(K/256 / groups_per_split).
+// `fold` (nullptr: none) only with m_tiles 1 and x_shared false, else cudaErrorInvalidValue.
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      int splits, cudaStream_t stream);
+                      int splits, cudaStream_t stream, const RmsFoldArgs* fold = nullptr);
 
 // Sums the split-K partials into y (times the row's scale); both kernels end with it when splits > 1
 // and no counters were given (or the grid has more CTA columns than counters), unless defer_sum.

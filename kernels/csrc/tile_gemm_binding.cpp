@@ -73,7 +73,8 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
                    const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups, bool defer_sum,
-                   int64_t early_groups, int64_t prefetch_ahead, int64_t ring_stages) {
+                   int64_t early_groups, int64_t prefetch_ahead, int64_t ring_stages,
+                   const c10::optional<torch::Tensor>& x_ss, double x_eps) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
                              splits);
@@ -84,8 +85,16 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
   p.prefetch_ahead = (int)prefetch_ahead;
   check(ring_stages == 0 || (ring_stages >= 2 && ring_stages <= 8), "ring_stages must be 0 or 2..8");
   p.ring_stages = (int)ring_stages;
+  RmsFoldArgs fold{};
+  if (x_ss.has_value()) {  // x is an RMSNorm's rows without their factor: the epilogue applies it
+    check(x_ss->is_cuda() && x_ss->scalar_type() == torch::kFloat32 && x_ss->dim() == 2 && x_ss->size(0) == x.size(0) &&
+              x_ss->size(1) >= 1 && x_ss->stride(1) == 1,
+          "x_ss must be CUDA float32 [M, chunks] with unit stride along the chunks");
+    check(m_tiles == 1 && !x_shared, "x_ss: only the m_tiles 1 kernels with x via L1 fold an RMSNorm");
+    fold = RmsFoldArgs{x_ss->data_ptr<float>(), (int)x_ss->size(1), (int)x_ss->stride(0), (float)x_eps};
+  }
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
-                                    (int)splits, stream_of(x));
+                                    (int)splits, stream_of(x), x_ss.has_value() ? &fold : nullptr);
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
               " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, ")");
 }
