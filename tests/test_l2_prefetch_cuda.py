@@ -20,7 +20,7 @@ def _engine(monkeypatch, mib: int, graphs: bool | None = None) -> Engine:
 
 def _decode(eng: Engine) -> tuple[list, list]:
     out = eng.generate(PROMPTS, 8)
-    return out, [[(t.values, t.ids) for t in steps] for steps in eng.last_topk]
+    return out, eng.last_topk  # each step's top-k logits and ids
 
 
 @pytest.mark.parametrize("graphs", [True, False])
