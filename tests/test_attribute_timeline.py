@@ -160,3 +160,16 @@ def test_a_side_streams_prefetch_is_matched_apart_from_the_main_streams_kernels(
     assert out == {"norm": 8, "other": 8, "lm_head": 8, "prefetch": 8, "sample": 8, "idle": 100 - 40}
     with pytest.raises(AttributionError, match="activity 2 of a CUDA graph replay is 'topk'"):
         device_parts(_graph_trace(["gather", "rms", "topk", "gemm", "l2_prefetch_kernel"]), eager)
+
+
+def test_a_graph_replay_outside_the_span_is_not_mapped_to_the_decode_step():
+    """A prefill replayed from its own graph (engine/prefill_graphs.py) before the decode window runs
+    other kernels than the decode step; it lies outside the span, so it is left out, never refused."""
+    eager = eager_step_parts(_eager_trace())
+    t = _graph_trace(["gather", "rms", "add", "gemm", "topk"])
+    t.launches.append(_launch(23, 1, "cudaGraphLaunch"))
+    t.device += [{"name": n, "start": 2 + 2 * i, "end": 3 + 2 * i, "corr": 23} for i, n in enumerate(["copy", "conv", "attn"])]
+    out = device_parts(t, eager, (10, 100))
+    assert out == {"norm": 8, "other": 16, "lm_head": 8, "sample": 8, "idle": 90 - 40}
+    with pytest.raises(AttributionError, match="ran 3 device activities"):
+        device_parts(t, eager, (0, 100))

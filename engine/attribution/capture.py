@@ -255,6 +255,8 @@ def device_parts(trace: Trace, eager_step: tuple[list[str], list[str]] | None = 
         part = _range_part(linked["name"]) if linked else None
         spans.append(Span(part or OTHER, a["start"], a["end"], a.get("stream")))
     for acts in replayed.values():
+        if not any(lo <= a["start"] < hi for a in acts):
+            continue  # a replay outside the span (a prefill's graph, before the decode window): nothing to book
         spans += _map_replay(sorted(acts, key=lambda a: a["start"]), *eager_step)
     missing = set(replays) - set(replayed)
     if missing:
