@@ -7,7 +7,19 @@ records a finding that is reported, not failed; `check.tally(name, count, of)` a
 check is recorded and the test goes on (so a run counts every assertion, like the seed's
 "7/7, 1314/1314"), and the test fails at the end of its call with every failed check listed.
 
-With env `REGATE_CENSUS_OUT=path` the plugin writes, atomically at session end:
+The harness (orchestrator/box/suites.py) trusts only the census CHANNEL: it passes an inherited pipe's
+write end as env `REGATE_CENSUS_FD` and a per-run nonce as env `REGATE_CENSUS_NONCE`. At this module's
+import (`-p gates.census` loads it before any conftest or test module, so before any code of the head)
+both are popped from os.environ (nothing the head starts sees them) and the descriptor is made
+non-inheritable; the plugin writes JSON lines to it: `{"event": "hello", "nonce"}` at once, and after
+every test (pytest_sessionfinish) `{"event": "final", "nonce", "exitstatus", "census": <record>}`. A
+suite process that exits before that line (one that wrote a census file and called os._exit) has
+no report; one that writes a line without the nonce has a report "not from this run". This stops a
+head's configuration and the processes it starts, not its code inside the suite's own process: that
+can still read the nonce (the plugin's memory, /proc/self/environ) and forge (docs/SERVICE.md).
+
+Standalone (plain `pytest -p gates.census`, no channel), with env `REGATE_CENSUS_OUT=path` the plugin
+writes the same record, atomically at session end:
   {"schema_version": 1, "checks_passed", "checks_total", "tests_passed", "tests_total",
    "collection_errors", "tallies": {name: {"count", "of"}} (summed over tests),
    "tests": {nodeid: {"checks_passed", "checks_total", "outcome", "failed_checks", "notes", "tallies",
@@ -25,9 +37,45 @@ from pathlib import Path
 
 import pytest
 
-ENV_OUT = "REGATE_CENSUS_OUT"
+ENV_OUT = "REGATE_CENSUS_OUT"  # standalone use only: a file the head can also write, never trusted by a gate
+ENV_FD = "REGATE_CENSUS_FD"  # the census channel: an inherited pipe's write end (the harness's)
+ENV_NONCE = "REGATE_CENSUS_NONCE"  # per run: a report without it is not from this run
 SCHEMA_VERSION = 1
 _MAX_LISTED = 20  # failed checks listed per test; the count is always exact
+
+
+class Channel:
+    """The census channel to the harness: JSON lines, each carrying the run's nonce."""
+
+    def __init__(self, fd: int, nonce: str):
+        self._fd, self._nonce = fd, nonce
+
+    def send(self, event: str, **fields) -> None:
+        data = memoryview((json.dumps({"event": event, "nonce": self._nonce, **fields}) + "\n").encode())
+        while data:  # a large census may need several writes; the harness drains while the suite runs
+            data = data[os.write(self._fd, data):]
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def open_channel(environ=os.environ) -> Channel | None:
+    """Take the channel out of `environ` (popped: no process the head starts inherits its name or nonce,
+    and the descriptor itself is made non-inheritable) and say hello on it; None when run standalone."""
+    fd, nonce = environ.pop(ENV_FD, None), environ.pop(ENV_NONCE, None)
+    if fd is None and nonce is None:
+        return None
+    if fd is None or not nonce or not fd.isdigit():
+        raise RuntimeError(f"gates.census: {ENV_FD} and {ENV_NONCE} must come together "
+                           f"(found {ENV_FD}={fd!r}, {ENV_NONCE} {'set' if nonce else 'unset'})")
+    os.set_inheritable(int(fd), False)
+    channel = Channel(int(fd), nonce)
+    channel.send("hello", pid=os.getpid())
+    return channel
+
+
+# At import, before the head's conftests and test modules run: what they could read later is gone.
+_CHANNEL = open_channel()
 
 
 class CheckFailed(AssertionError):
@@ -114,10 +162,16 @@ class _Census:
         if report.failed:
             self.collection_errors += 1
 
-    def pytest_sessionfinish(self, session):
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
         out = os.environ.get(ENV_OUT)
         if out:
             write_atomic(Path(out), summarize(self))
+        global _CHANNEL
+        if _CHANNEL is not None:  # the one report a gate trusts: sent once, after every test
+            channel, _CHANNEL = _CHANNEL, None
+            channel.send("final", exitstatus=int(exitstatus), census=summarize(self))
+            channel.close()
 
 
 _KEY = pytest.StashKey[_Census]()

@@ -4,9 +4,10 @@ The digests are read from the TRUSTED manifest, the one of the regate that runs 
 checkout, `trusted_root()`), never from the head under gate: a head that edits a sacred suite and
 re-records its digest in its own gates.yaml must still read as "sacred suite modified by this head".
 The head's own manifest entry for a sacred suite is compared too (lowering its census, dropping
-`sacred`, or narrowing its selection is a modification of the gate as much as editing its file), and
-so is what pytest applies to the suite from outside it: the conftest.py files on its path (one can
-override the `check` fixture), pytest.ini and pyproject's [tool.pytest.ini_options].
+`sacred`, or narrowing its selection is a modification of the gate as much as editing its file).
+What pytest would apply to the suite from outside its files (a conftest.py above gates/suites, an ini,
+toml or cfg file, a plugin) is not compared: the suites run under the trusted harness's own pytest
+configuration and files (`orchestrator/box/judge.py`), so the head's are never applied.
 """
 from __future__ import annotations
 
@@ -79,7 +80,6 @@ def _finding(suite: Suite, trusted: Path, head_root, head_manifest: Manifest | N
         changed = _changed_files(suite, trusted, head_root)
         reasons.append(f"files differ from the recorded digest ({', '.join(changed) or 'see digest'})")
     reasons.extend(_entry_reasons(suite, head_manifest, manifest_error))
-    reasons.extend(_context_reasons(suite, trusted, Path(head_root)))
     return SacredFinding(suite.name, bool(reasons), suite.digest or "", found, tuple(reasons))
 
 
@@ -105,36 +105,3 @@ def _entry_reasons(suite: Suite, head_manifest: Manifest | None, manifest_error:
     fields = ("selection", "sacred", "needs", "census_tests", "census_checks", "files")
     return [f"the head's gates.yaml changes {f}: {getattr(suite, f)!r} -> {getattr(theirs, f)!r}"
             for f in fields if getattr(theirs, f) != getattr(suite, f)]
-
-
-def context_files(suite: Suite) -> list[str]:
-    """Files outside the suite that pytest applies to it: every conftest.py on the way from the root
-    to its files (a conftest can override the `check` fixture or deselect tests) and pytest.ini."""
-    dirs = {Path(".")}
-    for rel in suite.files:
-        dirs.update(Path(rel).parents)
-    return sorted(str(d / "conftest.py") for d in dirs if str(d / "conftest.py") not in suite.files) + ["pytest.ini"]
-
-
-def _context_reasons(suite: Suite, trusted: Path, head: Path) -> list[str]:
-    reasons = [f"the head changes {rel}, which pytest applies to the suite" for rel in context_files(suite)
-               if _bytes(trusted / rel) != _bytes(head / rel)]
-    if _pytest_options(trusted) != _pytest_options(head):
-        reasons.append("the head changes pyproject.toml's [tool.pytest.ini_options]")
-    return reasons
-
-
-def _bytes(path: Path) -> bytes | None:
-    return path.read_bytes() if path.is_file() else None
-
-
-def _pytest_options(root: Path) -> object:
-    import tomllib
-
-    path = root / "pyproject.toml"
-    if not path.is_file():
-        return None
-    try:
-        return tomllib.loads(path.read_text()).get("tool", {}).get("pytest")
-    except tomllib.TOMLDecodeError as e:
-        return f"unreadable: {e}"

@@ -20,6 +20,8 @@ directory, found from the cwd as git finds its repository or given by REGATE_HOM
         gpus: 1
         required_markers: ["packed NVFP4 W4A16 GEMM: ENABLED"]
         idle: {max_util_pct: 10, on_busy: wait}   # wait (up to timeouts.idle_wait_s) | abort
+        isolation: auto          # how a head's processes are confined: auto | bwrap | reaper | none
+                                 # (orchestrator/box/sandbox.py; auto: the strongest this box can do)
 
 A bad file raises `ConfigError` naming the file and the key path, expected against found: types are
 checked (`lock_path: null` is refused, not defaulted), timeouts must be finite and > 0, and `db_path`
@@ -43,6 +45,7 @@ from orchestrator.state_dir import DB_NAME, REPORTS, StateDirError, state_dir
 
 CUDA_MARKER = "packed NVFP4 W4A16 GEMM: ENABLED"  # prefix of the line `engine build` prints on a good CUDA build
 ON_BUSY = ("wait", "abort")
+ISOLATION = ("auto", "bwrap", "reaper", "none")  # orchestrator.box.sandbox.POLICIES
 
 
 class ConfigError(ValueError):
@@ -62,6 +65,7 @@ class BoxConfig:
     gpus: int = 0
     required_markers: tuple[str, ...] = ()
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+    isolation: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ def default_db_path(where: str) -> Path:
 
 
 def _box(raw: object, where: str, key: str) -> BoxConfig:
-    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle"), required=("name",))
+    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle", "isolation"),
+                 required=("name",))
     name = _opt_str(d["name"], where, f"{key}.name")
     if not name or any(c in name for c in " :,"):
         _fail(where, f"{key}.name", "a non-empty name without spaces, ':' or ','", d["name"])
@@ -187,7 +192,10 @@ def _box(raw: object, where: str, key: str) -> BoxConfig:
     if "required_markers" not in d and gpus:
         markers = (CUDA_MARKER,)  # a GPU box gates the packed kernel unless told otherwise
     lock = _str(d.get("lock_path", "~/gpu.lock"), where, f"{key}.lock_path")
-    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"))
+    isolation = d.get("isolation", BoxConfig.isolation)
+    if not isinstance(isolation, str) or isolation not in ISOLATION:
+        _fail(where, f"{key}.isolation", f"one of {ISOLATION}", isolation)
+    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"), isolation)
 
 
 def _idle(raw: object, where: str, key: str) -> IdlePolicy:

@@ -4,6 +4,10 @@ whole as its JSON; every record read back goes through `Record.from_json` (which
 States: QUEUED -> RUNNING (box, Ray task id, heartbeat) -> PASSED | FAILED | ERROR | LOST. Only the driver
 writes here; a box never touches the database. A result lands in one transaction together with the
 owed ledger's sync, so a reader sees either the whole result or the job still running.
+
+A final record is stored with its MAC (`orchestrator/signing.py`, under the `record-key` beside the
+database) over the row's idem_key, state and record JSON; the identical-gate shortcut (`reusable`)
+returns only a row that verifies, so a head that writes this file cannot forge a pass that is reused.
 """
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.record import Record
+from orchestrator import signing
+from orchestrator.record import NotRun, Record
 
 STATES = ("QUEUED", "RUNNING", "PASSED", "FAILED", "ERROR", "LOST")
 FINAL = ("PASSED", "FAILED", "ERROR", "LOST")
@@ -32,10 +38,13 @@ CREATE TABLE IF NOT EXISTS runs (
   heartbeat REAL,
   created_at TEXT NOT NULL,
   finished_at TEXT,
-  record TEXT NOT NULL
+  record TEXT NOT NULL,
+  mac TEXT  -- signing.sign over (idem_key, state, record) of a final row; NULL while QUEUED/RUNNING
 );
 CREATE INDEX IF NOT EXISTS runs_idem ON runs (idem_key, state);
 """
+# Columns a ledger made by an older regate lacks; added at connect. Its rows keep mac NULL: never reused.
+_ADDED = {"mac": "TEXT"}
 
 
 BUSY_TIMEOUT_S = 30.0
@@ -56,7 +65,19 @@ def connect(path: str | Path) -> sqlite3.Connection:
     _enable_wal(conn)
     conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
     conn.executescript(_SCHEMA)
+    _add_missing_columns(conn)
     return conn
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """ALTER an older ledger; looked at first so an up-to-date one takes no write lock at connect."""
+    def missing():
+        have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        return [c for c in _ADDED if c not in have]
+    if missing():
+        with transaction(conn):
+            for column in missing():  # again under the lock: two connects may race to migrate
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {_ADDED[column]}")
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -131,12 +152,40 @@ def finish(conn: sqlite3.Connection, record: Record, sync=None) -> None:
 
 
 def store(conn: sqlite3.Connection, record: Record) -> None:
-    """Write the record and its state columns as they are now."""
+    """Write the record and its state columns as they are now; a final one signed (`_mac`)."""
     if record.state in FINAL:
         record.live = None  # a finished run has no current step
+    blob = dump(record)
     with transaction(conn):
-        conn.execute("UPDATE runs SET state=?, finished_at=?, record=? WHERE run_id=?",
-                     (record.state, record.finished_at, dump(record), record.run_id))
+        mac = _mac(conn, record.run_id, record.state, blob) if record.state in FINAL else None
+        conn.execute("UPDATE runs SET state=?, finished_at=?, record=?, mac=? WHERE run_id=?",
+                     (record.state, record.finished_at, blob, mac, record.run_id))
+
+
+def record_key(conn: sqlite3.Connection) -> bytes:
+    """The key that signs this ledger's records: `record-key` beside its database file."""
+    return signing.ensure_key(signing.key_path(_db_file(conn)))
+
+
+def _db_file(conn: sqlite3.Connection) -> str:
+    main = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), "")
+    if not main:
+        raise ValueError("an in-memory ledger has no state directory to keep its record key in")
+    return main
+
+
+def _signed(idem_key: str, state: str, record_json) -> dict:
+    """What a row's MAC covers: the record, and the columns the shortcut selects by, so neither the
+    state column nor the JSON can be flipped, nor a genuine record moved under another gate's key."""
+    return {"idem_key": idem_key, "state": state, "record": record_json}
+
+
+def _mac(conn: sqlite3.Connection, run_id: str, state: str, blob: str) -> str | None:
+    row = conn.execute("SELECT idem_key FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    if row is None:
+        return None  # no row: the UPDATE writes nothing either
+    # Signed as read back: the exact JSON stored, not the dict it was dumped from.
+    return signing.sign(_signed(row[0], state, json.loads(blob)), record_key(conn))
 
 
 def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
@@ -155,10 +204,50 @@ def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
     return lost
 
 
-def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
-    row = conn.execute("SELECT record FROM runs WHERE idem_key=? AND state IN ('PASSED', 'FAILED')"
+@dataclass(frozen=True)
+class Reuse:
+    """What the identical-gate shortcut found. `record`: the newest finished identical run, its record
+    verified, to return instead of running. `refused`: that run's record does not verify, so it is
+    not returned; the item says why, for the new run's record (`not_run`) and its progress."""
+    record: Record | None = None
+    refused: NotRun | None = None
+
+
+def reusable(conn: sqlite3.Connection, idem_key: str) -> Reuse:
+    """The newest PASSED/FAILED run under `idem_key`, if its MAC verifies. Loads the record key
+    first (created at first use), so an unusable key file stops a gate before it writes a row."""
+    key = record_key(conn)
+    row = conn.execute("SELECT run_id, state, record, mac FROM runs WHERE idem_key=? AND state IN ('PASSED', 'FAILED')"
                        " ORDER BY created_at DESC, run_id DESC LIMIT 1", (idem_key,)).fetchone()
-    return load(row[0]) if row else None
+    if row is None:
+        return Reuse()
+    run_id, state, blob, mac = row
+    why = _unverified(idem_key, state, blob, mac, key)
+    if why is None:
+        return Reuse(record=load(blob))
+    where = signing.key_path(_db_file(conn))
+    return Reuse(refused=NotRun(
+        what="reuse of an identical run",
+        why=f"run {run_id} ({state}) of this identical gate does not verify under {where} ({why}); "
+            "running the gate again"))
+
+
+def _unverified(idem_key: str, state: str, blob: str, mac: str | None, key: bytes) -> str | None:
+    """Why the row does not verify; None when it does."""
+    if mac is None:
+        return "no signature: stored before records were signed, or not by regate"
+    try:
+        record_json = json.loads(blob)
+    except ValueError:
+        return "its record is not JSON"
+    if not signing.verify(_signed(idem_key, state, record_json), mac, key):
+        return "the signature does not match: the row was changed after it was stored, or signed under another key"
+    return None
+
+
+def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
+    """`reusable`'s record alone: a verified finished identical run, or None."""
+    return reusable(conn, idem_key).record
 
 
 def last_green(conn: sqlite3.Connection, box: str) -> str | None:

@@ -101,6 +101,7 @@ class Build(Part):
     missing: list[str] = field(default_factory=list)
     duration_s: float | None = None
     output_tail: str | None = _opt(omit_none=True)
+    proof: dict | None = _opt(omit_none=True)  # marker -> the harness's probe of it (box/marker_proof.py)
 
 
 @dataclass(kw_only=True)
@@ -229,6 +230,7 @@ class BoxResult(Part):
     mutations: list[Mutation] = field(default_factory=list)
     grid: dict | None = None
     compare: Compare | None = _opt(omit_none=True)  # a comparison's box part (md5s, builds of both sides)
+    isolation: dict | None = _opt(omit_none=True)  # how the head's processes were confined (box/sandbox.py)
     not_run: list[NotRun] = field(default_factory=list)
     error: str | None = None
     timings: dict = field(default_factory=dict)
@@ -261,6 +263,8 @@ class Record(Part):
     interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
     live: Live | None = _opt(omit_none=True)  # the current step while QUEUED/RUNNING
     compare: Compare | None = _opt(omit_none=True)  # kind compare: the base, the head, each cell's outcome
+    trusted: dict | None = _opt(omit_none=True)  # the harness that judged: {ref, sha, source, digest, bytes}
+    isolation: dict | None = _opt(omit_none=True)  # how the head's processes were confined: {kind, detail}
     timings: dict = field(default_factory=dict)  # {archive_s, transfer_s, build_s, lock_wait_s, ..., total_s}
     report_path: str | None = None
 
@@ -318,7 +322,7 @@ class Record(Part):
         self.provenance.md5_box = part.md5_box or self.provenance.md5_box
         self.provenance.archive_bytes = part.archive_bytes or self.provenance.archive_bytes
         for name in ("versions", "lock", "idle", "sacred", "gate_set", "build", "residency", "suites",
-                     "mutations", "grid", "error"):
+                     "mutations", "grid", "error", "isolation"):
             setattr(self, name, getattr(part, name))
         if part.compare is not None:  # a comparison: the box's halves of both sides
             self.compare = part.compare

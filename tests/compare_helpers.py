@@ -2,7 +2,7 @@
 
 Each commit's `engine/cli.py` builds (a marker line) and benches at the rate in its own
 `engine/rate.txt`, so the base's and the head's engines are told apart by their numbers; every bench
-appends {rev: the tree's rate file, root, pid, argv} to $COMPARE_BENCH_LOG, so a test sees which tree
+appends {rev: the tree's rate file, root, pid, argv} to $REGATE_COMPARE_BENCH_LOG, so a test sees which tree
 ran each leg and in which order. The checkpoint cache is the head tree's fake (`orch_jobs`).
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ if __name__ == "__main__" and sys.argv[1:] == ["build"]:
 if __name__ == "__main__" and sys.argv[1:2] == ["bench"]:
     args = sys.argv[2:]
     rate = float((here / "rate.txt").read_text())
-    if os.environ.get("COMPARE_BENCH_FAIL") == str(rate):
+    if os.environ.get("REGATE_COMPARE_BENCH_FAIL") == str(rate):
         sys.exit("bench: CUDA error: an illegal memory access was encountered")
-    with open(os.environ["COMPARE_BENCH_LOG"], "a") as f:
+    with open(os.environ["REGATE_COMPARE_BENCH_LOG"], "a") as f:
         f.write(json.dumps({"rate": rate, "root": str(here.parent), "pid": os.getpid(), "argv": args}) + "\\n")
     print(json.dumps({"schema_version": 1, "decode_tok_s": rate, "meta": {"fake": True}}))
     sys.exit(0)

@@ -1,8 +1,8 @@
 """A stand-in for `engine attribute --json` in the grid runner's tests (one process per arm).
 
 Appends {"key": "attribute:<lm_head>", "lm_head", "pid", "argv"} to the JSON-lines file
-FAKE_BENCH_LOG (the fake bench's log, so the order of legs and attributions is one list).
-FAKE_ATTRIBUTE_FAIL="<lm_head>" makes that arm exit 2 with a message on stderr.
+REGATE_FAKE_BENCH_LOG (the fake bench's log, so the order of legs and attributions is one list).
+REGATE_FAKE_ATTRIBUTE_FAIL="<lm_head>" makes that arm exit 2 with a message on stderr.
 """
 import argparse
 import json
@@ -16,10 +16,10 @@ def main() -> int:
         ap.add_argument(opt, required=True)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    with open(os.environ["FAKE_BENCH_LOG"], "a") as f:
+    with open(os.environ["REGATE_FAKE_BENCH_LOG"], "a") as f:
         f.write(json.dumps({"key": f"attribute:{args.lm_head}", "lm_head": args.lm_head, "pid": os.getpid(),
                             "argv": sys.argv[1:]}) + "\n")
-    if os.environ.get("FAKE_ATTRIBUTE_FAIL") == args.lm_head:
+    if os.environ.get("REGATE_FAKE_ATTRIBUTE_FAIL") == args.lm_head:
         print("attribute: trace: a CUDA graph replay ran 3 device activities", file=sys.stderr)
         return 2
     head = 1.0 if args.lm_head == "packed" else 3.0

@@ -1,8 +1,9 @@
 """Helpers for the orchestrator tests: a tiny gated repository whose build and suites are fast fakes.
 
 The stub tree has what a head needs to be gated: `engine/cli.py` whose `build` prints a marker line,
-`gates/gates.yaml` naming its suites, and a copy of the census plugin (the tree's own `gates` package
-shadows the installed one on the suite's PYTHONPATH, as a real head's does).
+`gates/gates.yaml` naming its suites, and regate's own harness (`orchestrator/`, `grids/` and the
+modules of `gates/`, copied from this checkout): the stub repository is its own trusted tree, as a real
+one is (`orchestrator/driver/harness.py`), so its gates.yaml judges its heads.
 """
 from __future__ import annotations
 
@@ -126,10 +127,28 @@ def commit_all(repo: Path, message: str = "snapshot") -> str:
     return git(repo, "rev-parse", "HEAD").strip()
 
 
+def harness_files() -> dict[str, bytes]:
+    """This checkout's harness: every file of orchestrator/ and grids/, and gates/'s modules and pytest
+    configuration (not its manifest, suites or pins, which a stub brings itself)."""
+    out = {}
+    for pkg in ("orchestrator", "grids", "gates"):
+        for p in sorted((REPO_ROOT / pkg).rglob("*")):
+            rel = p.relative_to(REPO_ROOT).as_posix()
+            if not p.is_file() or "__pycache__" in rel or rel.endswith(".pyc"):
+                continue
+            if pkg == "gates" and (rel.count("/") > 1 or rel == "gates/gates.yaml"):
+                continue
+            out[rel] = p.read_bytes()
+    return out
+
+
 def make_stub_repo(root: Path, suites: list[dict], tests: dict[str, str], marker: str = DISABLED,
                    mutations: str = "off") -> Path:
-    """A committed git repo at `root` with the stub engine, the census plugin, `tests` and `suites`
+    """A committed git repo at `root` with the stub engine, regate's harness, `tests` and `suites`
     (`tests` may hold any extra file of the tree, or replace a stub one)."""
+    for rel, data in harness_files().items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
     files = {
         "engine/__init__.py": "",
         "engine/cli.py": ENGINE_CLI,

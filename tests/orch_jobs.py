@@ -24,7 +24,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["info"]:  # a fake info: one hea
     import os
     args = sys.argv[2:]
     backend, arm, model = (args[args.index(k) + 1] for k in ("--backend", "--lm-head", "--model"))
-    if os.environ.get("STUB_INFO_FAIL") == arm:
+    if os.environ.get("REGATE_STUB_INFO_FAIL") == arm:
         sys.exit(f"info: cannot load {model} for the {arm} arm")
     cfg = json.loads((Path(model) / "config.json").read_text())
     n, k = cfg["vocab_size"], cfg["hidden_size"]

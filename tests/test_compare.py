@@ -21,7 +21,7 @@ from orchestrator.report import compare as report  # noqa: E402
 @pytest.fixture(autouse=True)
 def bench_log(tmp_path, monkeypatch):
     log = tmp_path / "bench.jsonl"
-    monkeypatch.setenv("COMPARE_BENCH_LOG", str(log))
+    monkeypatch.setenv("REGATE_COMPARE_BENCH_LOG", str(log))
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
     return log
 
@@ -124,7 +124,7 @@ def test_ratio_is_head_over_base_whoever_wins():
 
 def test_a_failing_bench_names_revision_cell_and_leg(tmp_path, monkeypatch):
     repo, base, head = two_commits(tmp_path / "repo", base_rate=10.0, head_rate=9.0, legs=2)
-    monkeypatch.setenv("COMPARE_BENCH_FAIL", "9.0")  # the head's bench fails
+    monkeypatch.setenv("REGATE_COMPARE_BENCH_FAIL", "9.0")  # the head's bench fails
     record, _ = compare_without_ray(repo, tmp_path)
     assert record.state == "ERROR"
     assert "arm head, leg 1" in record.error and "cell 0" in record.error

@@ -21,7 +21,7 @@ PREFIX = "orchestrator: error: "
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["HOME"] = str(tmp_path / "home")  # the default box lock, ~/gpu.lock, lands in tmp
-    env["COMPARE_BENCH_LOG"] = str(tmp_path / "bench.jsonl")
+    env["REGATE_COMPARE_BENCH_LOG"] = str(tmp_path / "bench.jsonl")
     env["REGATE_HOME"] = str(tmp_path / "state")  # the CLI runs from outside the stub repo (see _orch)
     env.setdefault("REGATE_CACHE", str(tmp_path / "cache"))
     return env

@@ -84,20 +84,3 @@ def test_deleted_suite_or_broken_manifest_is_flagged(head):
     reasons = check_sacred(head, trusted=ROOT).findings[0].reasons
     assert any("test_paged_engine.py missing" in r for r in reasons)
     assert any("does not load" in r for r in reasons)
-
-
-@pytest.mark.parametrize("rel", ["conftest.py", "gates/conftest.py", "pytest.ini"])
-def test_a_conftest_or_pytest_config_on_the_suites_path_is_flagged(head, rel):
-    (head / rel).write_text("import pytest\n\n@pytest.fixture\ndef check():\n    return lambda *a: True\n")
-    c = check_sacred(head, trusted=ROOT)
-    assert not c.ok and any(rel in r for r in c.findings[0].reasons)
-
-
-def test_pytest_options_in_pyproject_are_compared(head):
-    p = head / "pyproject.toml"
-    p.write_text(p.read_text() + "\n# a dependency bump elsewhere in the file is not a gate change\n")
-    assert not [r for r in check_sacred(head, trusted=ROOT).findings[0].reasons if "pyproject" in r]
-    text = (head / "pyproject.toml").read_text()
-    (head / "pyproject.toml").write_text(text.replace('addopts = "-ra"', 'addopts = "-ra -k namings"'))
-    reasons = check_sacred(head, trusted=ROOT).findings[0].reasons
-    assert "the head changes pyproject.toml's [tool.pytest.ini_options]" in reasons

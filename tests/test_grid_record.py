@@ -105,9 +105,9 @@ def test_a_dirty_tree_is_flagged_and_opens_no_owed_item(cli, head):
 
 def test_a_failing_bench_ends_the_row_error_with_the_legs_it_finished(cli, head, tmp_path, monkeypatch):
     repo, cfg = head
-    monkeypatch.setenv("FAKE_BENCH_LOG", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps({"packed": [11.0], "dequant": [9.5]}))
-    monkeypatch.setenv("FAKE_BENCH_FAIL", "packed:1")  # leg 2's first arm
+    monkeypatch.setenv("REGATE_FAKE_BENCH_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("REGATE_FAKE_BENCH_RATES", json.dumps({"packed": [11.0], "dequant": [9.5]}))
+    monkeypatch.setenv("REGATE_FAKE_BENCH_FAIL", "packed:1")  # leg 2's first arm
     res = cli("grid", "grids/fake.yaml", "--config", cfg, "--bench-cmd", f"{sys.executable} {FAKE_BENCH}")
     assert res.exit_code == 2 and "illegal memory access" in res.stderr
     (run,) = _runs(cli, cfg)

@@ -33,10 +33,10 @@ def _script(tmp_path: Path, script: Path) -> TreeCommand:
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("FAKE_BENCH_LOG", str(log))
+    monkeypatch.setenv("REGATE_FAKE_BENCH_LOG", str(log))
 
     def run(rates, spec, **kw):
-        monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps(rates))
+        monkeypatch.setenv("REGATE_FAKE_BENCH_RATES", json.dumps(rates))
         result = run_grid(spec, bench=_script(tmp_path, FAKE),
                           checkpoint=lambda **p: tmp_path / f"ckpt-{p['preset']}", **kw)
         calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -98,7 +98,7 @@ def test_max_legs_caps_even_the_spec_legs(fake):
 
 
 def test_failing_bench_names_cell_arm_leg_with_stderr(fake, monkeypatch, tmp_path):
-    monkeypatch.setenv("FAKE_BENCH_FAIL", "dequant:1")
+    monkeypatch.setenv("REGATE_FAKE_BENCH_FAIL", "dequant:1")
     out = tmp_path / "partial.json"
     with pytest.raises(GridError) as e:
         fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=3), out=out)
@@ -110,7 +110,7 @@ def test_failing_bench_names_cell_arm_leg_with_stderr(fake, monkeypatch, tmp_pat
 
 
 def test_bench_without_json_is_an_error(fake, monkeypatch):
-    monkeypatch.setenv("FAKE_BENCH_GARBAGE", "1")
+    monkeypatch.setenv("REGATE_FAKE_BENCH_GARBAGE", "1")
     with pytest.raises(GridError, match="arm packed, leg 1: bench printed no JSON line"):
         fake({"packed": [10.0], "dequant": [9.0]}, _spec(legs=1))
 
@@ -196,7 +196,7 @@ def test_attribution_runs_once_per_arm_per_cell_after_the_legs(fake, monkeypatch
 
 
 def test_a_failed_attribution_is_kept_as_its_arms_error_and_the_legs_stay(fake, monkeypatch, tmp_path):
-    monkeypatch.setenv("FAKE_ATTRIBUTE_FAIL", "dequant")
+    monkeypatch.setenv("REGATE_FAKE_ATTRIBUTE_FAIL", "dequant")
     result, _ = fake({"packed": [11.0], "dequant": [10.0]}, _attributed_spec(),
                      attribute=_script(tmp_path, FAKE_ATTRIBUTE))
     (cell,) = result["cells"]

@@ -180,8 +180,13 @@ def test_missing_required_marker_is_a_degraded_build(cluster, env):
     assert rec["state"] == "ERROR" and rec["error"].startswith("degraded build: required marker(s) missing")
     assert rec["build"]["missing"] == [CUDA_MARKER] and rec["suites"] == [] and rec["lock"] is None
     _assert_clean(tmp_path, cfg, rec)
-    ok = run_gate(cfg, "HEAD", str(_repo(tmp_path / "2", marker=ENABLED)), "A")
-    assert ok["state"] == "PASSED" and ok["build"]["markers"] == [ENABLED]
+    # A marker printed is not a marker proven: this stub prints ENABLED without building anything, and
+    # the harness's own probe (no GPU here, no kernel in the stub) refuses it as a degraded build.
+    forged = run_gate(cfg, "HEAD", str(_repo(tmp_path / "2", marker=ENABLED)), "A")
+    assert forged["state"] == "ERROR" and forged["build"]["markers"] == [ENABLED]
+    assert "printed packed NVFP4 W4A16 GEMM: ENABLED but the harness could not prove it" in forged["error"]
+    assert forged["build"]["missing"] == [CUDA_MARKER] and forged["suites"] == []
+    assert forged["build"]["proof"][CUDA_MARKER]["proven"] is False
 
 
 def test_box_not_in_cluster_fails_fast(cluster, env):

@@ -90,7 +90,7 @@ def test_the_27b_head_in_the_rendered_report(tmp_path, cache):
 
 
 def test_an_info_failure_lands_in_not_run_and_never_fails_the_gate(tmp_path, cache, monkeypatch):
-    monkeypatch.setenv("STUB_INFO_FAIL", "dequant")
+    monkeypatch.setenv("REGATE_STUB_INFO_FAIL", "dequant")
     parts, events = box_job(_stub(tmp_path), tmp_path)
     assert parts.error is None and [s.state for s in parts.suites] == ["GREEN"]
     assert [r["arm"] for r in parts.residency] == ["packed"]

@@ -84,8 +84,8 @@ def test_bad_rule_exits_2(cli):
 
 
 def test_grid_command_with_a_fake_bench(cli, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_BENCH_LOG", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_BENCH_RATES", json.dumps({"packed": [10.0, 10.01], "dequant": [9.0, 9.02]}))
+    monkeypatch.setenv("REGATE_FAKE_BENCH_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("REGATE_FAKE_BENCH_RATES", json.dumps({"packed": [10.0, 10.01], "dequant": [9.0, 9.02]}))
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "grid.json"
     spec = tmp_path / "smoke3.yaml"  # smoke's 2 legs are refused for --until-binding (below)

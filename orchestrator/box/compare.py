@@ -26,7 +26,7 @@ from typing import Callable
 from orchestrator.box import idle
 from orchestrator.box.build import BuildError, build
 from orchestrator.box.grid import CHECKPOINT_TIMEOUT_S, GridJobError, TreeCommand, spec_path
-from orchestrator.box.job import HOOK_CORRUPT, JobError, held_idle_box, versions
+from orchestrator.box.job import HOOK_CORRUPT, JobError, held_idle_box, prove_markers, run_jail, versions
 from orchestrator.box.lock import LockTimeout
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
@@ -55,6 +55,7 @@ class CompareSpec:
     work_dir: str | None = None
     hooks: tuple[str, ...] = ()
     kind: str = "compare"
+    hidden: tuple[str, ...] = ()  # paths of this machine a head's processes must not see (the state dir)
 
     def box_job(self, identity: dict, fetch: Fetch, emit: Emit, cancelled: Callable[[], bool]) -> BoxResult:
         """What `driver/placement.py` runs on the box for this spec."""
@@ -102,7 +103,12 @@ def _verified(spec: CompareSpec, fetch: Fetch, parts: BoxResult) -> dict[str, by
 def _verified_and_compared(spec: CompareSpec, fetch: Fetch, emit: Emit, cancelled, parts: BoxResult) -> None:
     tarballs = _verified(spec, fetch, parts)
     work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
-    head = Tree(work / "head", f"{spec.run_id}-{new_token()}", cancelled, scratch=work)
+    try:
+        jail = run_jail(spec, work, bool(idle.gpus()), parts)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    head = Tree(work / "head", f"{spec.run_id}-{new_token()}", cancelled, scratch=work, jail=jail)
     trees = {"base": head.at(work / "base"), "head": head}  # one run: one token, one keeper
     try:
         head.start_keeper()  # first: from here a killed job's trees are the keeper's to remove
@@ -136,6 +142,10 @@ def _build(spec: CompareSpec, side: str, tree: Tree, emit: Emit, parts: BoxResul
 
 def _under_lock(spec: CompareSpec, trees: dict[str, Tree], emit: Emit, parts: BoxResult) -> None:
     with held_idle_box(spec, trees["head"], emit, parts):  # both trees share the head's token and keeper
+        for side in SIDES:  # GPU work: under the lock
+            side_part = getattr(parts.compare, side)
+            if side_part is not None and side_part.build is not None:
+                prove_markers(trees[side], side_part.build, emit, f"{side} {spec.sha(side)[:12]}")
         t = time.monotonic()
         parts.grid = run_compare_grid(spec, trees, emit)
         parts.timings["grid_s"] = round(time.monotonic() - t, 3)

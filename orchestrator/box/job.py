@@ -10,8 +10,10 @@ path, a killed job included, only once no process of the run is alive.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -26,7 +28,10 @@ from gates.trusted import GateSet, gate_set
 from orchestrator.box import idle
 from orchestrator.box.build import BuildError, build
 from orchestrator.box.grid import GridJobError, run_tree_grid
+from orchestrator.box.judge import Judge
 from orchestrator.box.lock import LockTimeout, box_lock
+from orchestrator.box.sandbox import Jail, SandboxError, detect
+from orchestrator.box.marker_proof import needs_proof, prove
 from orchestrator.box.residency import measure as measure_residency
 from orchestrator.box.suites import NO_GPU, not_run, run_suite
 from orchestrator.box.mutate import run_pins
@@ -60,6 +65,7 @@ class JobSpec:
     trusted_root: str | None = None  # whose gates.yaml judges the head (suites, census, sacred); None: the box's regate
     accept_sacred: bool = False
     accept_gate_change: bool = False  # let a head that drops a suite or lowers a census pass (recorded)
+    hidden: tuple[str, ...] = ()  # paths of this machine a head's processes must not see (the state dir)
 
 
 def versions() -> dict:
@@ -97,8 +103,17 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts: BoxResult, has_gpu)
     if parts.md5_box != spec.md5_driver:
         raise JobError(f"md5 mismatch: the driver archived {spec.md5_driver}, the box received {parts.md5_box}; "
                        "refusing to gate bytes that are not the head's")
+    trusted = Path(spec.trusted_root or trusted_root())
     work = Path(tempfile.mkdtemp(prefix=f"regate-{spec.run_id}-", dir=spec.work_dir))
-    tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled, scratch=work)
+    judge_dir = Path(tempfile.mkdtemp(prefix=f"regate-judge-{spec.run_id}-"))  # outside what the head may write
+    try:
+        judge = Judge.make(trusted, judge_dir)
+        jail = run_jail(spec, work, has_gpu, parts, readonly=(judge_dir,))
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(judge_dir, ignore_errors=True)
+        raise
+    tree = Tree(work / "tree", f"{spec.run_id}-{new_token()}", cancelled, scratch=work, jail=jail)
     try:
         tree.start_keeper()  # first: from here a killed job's tree and temp dirs are the keeper's to remove
         unpack(tarball, tree.root)
@@ -112,11 +127,30 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts: BoxResult, has_gpu)
         gates = _gate_set(tree.root, spec)
         parts.gate_set = GateSetCheck.from_json(gates.record())
         parts.sacred = _sacred(tree.root, spec)
-        _under_lock(spec, tree, gates, emit, parts, has_gpu)
+        _under_lock(spec, tree, gates, emit, parts, has_gpu, judge)
     finally:
         tree.reap()  # a build or a step that ran outside the lock leaves nothing behind either
         tree.stop_keeper()
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(judge_dir, ignore_errors=True)
+
+
+def run_jail(spec, work: Path, has_gpu: bool, parts: BoxResult, readonly: tuple[Path, ...] = ()) -> Jail:
+    """The sandbox every process of this run's head starts in (`sandbox.py`): the box's `isolation`,
+    writable only the run's scratch (and the checkpoint cache), blind to the state directory the driver
+    named, the box lock file and the trusted harness. Recorded in `parts.isolation`; JobError when the
+    box can confine nothing and its config does not say `isolation: none`."""
+    try:
+        iso = detect(getattr(spec.box, "isolation", "auto"))
+    except SandboxError as e:
+        raise JobError(f"box {spec.box.name} refuses to gate: {e}") from None
+    parts.isolation = iso.to_json()
+    harness = trusted_root()
+    # The harness's tree, unless the interpreter lives in it (a job run in-process from a checkout).
+    mine = () if Path(sys.executable).absolute().is_relative_to(harness) else (str(harness),)
+    hidden = (*spec.hidden, os.path.expanduser(spec.box.lock_path), *mine)
+    cache = os.environ.get("REGATE_CACHE") or os.path.expanduser("~/.cache/regate/checkpoints")
+    return Jail(iso, (str(work),), tuple(hidden), gpu=has_gpu, cache=cache, readonly=tuple(map(str, readonly)))
 
 
 @contextmanager
@@ -137,11 +171,29 @@ def held_idle_box(spec, tree: Tree, emit: Emit, parts: BoxResult):
         yield
 
 
-def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> None:
+def prove_markers(tree: Tree, build_part: Build, emit: Emit, what: str = "build") -> None:
+    """The required markers that need proof (the packed GEMM's) proven by the harness's own probe on
+    the box's GPU (`marker_proof.py`), under the lock; JobError (a degraded build) when one is not."""
+    todo = [m for m in build_part.required if needs_proof(m) and m not in build_part.missing]
+    if not todo:
+        return
+    emit({"event": "step", "step": f"{what}: marker proof", "status": "start", "detail": "; ".join(todo)})
+    verdict = prove(tree)
+    build_part.proof = {m: verdict for m in todo}
+    emit({"event": "step", "step": f"{what}: marker proof", "status": "done" if verdict.get("proven") else "failed",
+          "detail": verdict.get("why") or "; ".join(verdict.get("ran", []))})
+    if not verdict.get("proven"):
+        build_part.missing = [*build_part.missing, *todo]
+        raise JobError(f"degraded build: {what} printed {', '.join(todo)} but the harness could not prove it: "
+                       f"{verdict.get('why')}")
+
+
+def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: Judge) -> None:
     with held_idle_box(spec, tree, emit, parts):
+        prove_markers(tree, parts.build, emit)
         parts.residency = _residency(spec, tree, emit, parts)
         t = time.monotonic()
-        parts.suites = _suites(tree, gates, emit, parts, has_gpu)
+        parts.suites = _suites(tree, gates, emit, parts, has_gpu, judge)
         for s in parts.suites:
             s.sacred_modified = s.name in parts.sacred.modified
         if gates.mutations == "on_gate":
@@ -168,7 +220,7 @@ def _residency(spec, tree: Tree, emit, parts: BoxResult) -> list[dict] | None:
     return readings
 
 
-def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> list[Suite]:
+def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: Judge) -> list[Suite]:
     out = []
     for suite, why in gates.skipped:
         out.append(not_run(suite, why))
@@ -182,7 +234,7 @@ def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu) -> list
             out.append(not_run(suite, "cancelled"))
             continue
         on_start = lambda pid, s=suite: emit({"event": "suite", "suite": s.name, "status": "start", "pid": pid})  # noqa: E731
-        rec = run_suite(tree, suite, on_start)
+        rec = run_suite(tree, suite, on_start, judge)
         emit({"event": "suite", "suite": suite.name, "status": rec.state,
               "detail": f"{rec.tests_passed}/{rec.tests_total} tests, {rec.checks_passed}/{rec.checks_total} checks",
               "record": rec.to_json()})  # the driver stores it at once (driver/live.py)

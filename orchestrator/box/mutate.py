@@ -112,7 +112,7 @@ def run_suite(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict 
         return {"cancelled": True, "failures": 0, "detail": "cancelled"}
     if run.census is None:
         return {"failures": 1, "rc": res.returncode,
-                "detail": f"no census record (rc {res.returncode}): {res.output.strip()[-500:]}"}
+                "detail": f"no census record ({run.census_error}): {res.output.strip()[-500:]}"}
     return {"failures": failure_count(run.census), "rc": res.returncode, "record": run.census,
             "detail": _summary(run.census)}
 

@@ -13,6 +13,10 @@ driver SIGKILLed, Ray tearing the worker down with its direct children) therefor
 while a suite, or anything the suite started, still runs. Then the keeper removes the run's scratch
 directory (`scratch`: the unpacked tree and every temp dir of the run, made by `tempdir`), so a
 killed job leaves no tree behind either.
+
+With a jail (`sandbox.Jail`, the box's `isolation:`), every command runs confined: bubblewrap's
+namespaces over a read-only host, or an unprivileged user under a subreaper. The keeper is not
+jailed: it is the harness's own, trusted code.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from grids.jsonline import last_json_object
+from orchestrator.box.sandbox import Jail
+from orchestrator.pyboot import isolated_python, library_paths
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
 TOKEN_ENV = "REGATE_RUN"  # every process of a run carries it: the keeper finds the run's processes by it
@@ -37,10 +43,25 @@ KEEPER = Path(__file__).with_name("keeper.py")  # run by path: it imports nothin
 KEEPER_READY_S = 30.0
 Cancelled = Callable[[], bool]
 
-# Run with the tree first on PYTHONPATH, so the head's own cache (and synthesizer) names the directory.
+# Run with the tree first on the import path, so the head's own cache (and synthesizer) names the directory.
 RESOLVE = ("import json, sys\n"
            "from engine.ckpt_cache import cached_checkpoint\n"
            "print(json.dumps({'path': str(cached_checkpoint(**json.loads(sys.argv[1])))}))\n")
+
+# The environment a head's process gets: an allow-list, never the box's whole environment (which may
+# name the state directory, a token, PYTEST_PLUGINS, PYTHONSTARTUP, LD_PRELOAD, ...).
+ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH",
+                       "CUDA_HOME", "CUDA_PATH", "CC", "CXX", "MAX_JOBS", "OMP_NUM_THREADS", "CI"})
+ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "PYTORCH_", "OPENBLAS_", "MKL_", "HF_",
+                "TRANSFORMERS_", "REGATE_")
+ENV_DENIED = frozenset({"REGATE_HOME", "REGATE_CENSUS_OUT", "REGATE_CENSUS_FD", "REGATE_CENSUS_NONCE",
+                        "REGATE_PROBE_NONCE", "REGATE_TEST_HOOKS"})  # the harness's own
+
+
+def allowed_env(environ: dict[str, str]) -> dict[str, str]:
+    """The variables of `environ` a head's process may see."""
+    return {k: v for k, v in environ.items() if k not in ENV_DENIED
+            and (k in ENV_NAMES or k.startswith(ENV_PREFIXES))}
 
 
 class TreeRunError(Exception):
@@ -64,14 +85,21 @@ class Tree:
     """One head's unpacked tree on a box; `token` marks every process started from it."""
 
     def __init__(self, root: Path, token: str | None = None, cancelled: Cancelled = lambda: False,
-                 python: str = sys.executable, scratch: Path | None = None):
+                 python: str = sys.executable, scratch: Path | None = None, jail: Jail | None = None):
         self.root, self.token, self.cancelled, self.python = Path(root), token or new_token(), cancelled, python
         self.scratch = scratch  # the run's own directory: its temp dirs go here; the keeper removes it
+        self.jail = jail  # how its commands are confined (None, or isolation "none": not at all)
+        if self.confined and scratch is None:
+            raise ValueError("a jailed tree needs a scratch directory: its caches and temp files go there")
         self._keeper: socket.socket | None = None
 
+    @property
+    def confined(self) -> bool:
+        return self.jail is not None and self.jail.isolation.kind != "none"
+
     def at(self, root: Path) -> "Tree":
-        """The same run in another tree (a mutation's copy): same token, cancel, scratch and keeper."""
-        other = Tree(root, self.token, self.cancelled, self.python, self.scratch)
+        """The same run in another tree (a mutation's copy): same token, cancel, scratch, jail and keeper."""
+        other = Tree(root, self.token, self.cancelled, self.python, self.scratch, self.jail)
         other._keeper = self._keeper
         return other
 
@@ -81,24 +109,52 @@ class Tree:
         return tempfile.TemporaryDirectory(prefix=prefix, dir=self.scratch)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment every process of the head runs in: its own tree first on the import path."""
-        env = dict(os.environ)
-        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *rest])
+        """The environment every process of the head runs in: the allow-listed variables, its own tree
+        (then the installed libraries) on PYTHONPATH for the processes the head starts itself."""
+        env = allowed_env(dict(os.environ))
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *library_paths()])
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env[TOKEN_ENV] = self.token
-        env.pop("REGATE_CENSUS_OUT", None)
+        if self.confined:
+            env |= self.jailed_dirs()
         return env | (extra or {})
+
+    def jailed_dirs(self) -> dict[str, str]:
+        """In a jail HOME stays the real home but read-only (bwrap) or unreadable (the reaper's user), so
+        what a head writes goes to the run's scratch: temp files and the compilers' caches. The
+        checkpoint cache (REGATE_CACHE, read by the head's engine.ckpt_cache): under bwrap the box's
+        own, bound writable (see `Jail.bound`); under the reaper a directory of this run, so the
+        unprivileged user owns nothing outside its scratch (a checkpoint is synthesized once per run)."""
+        home = Path(self.scratch, "jail-home")
+        cache = home / "cache"
+        shared = self.jail.cache if self.jail.isolation.kind == "bwrap" else None
+        return {"TMPDIR": str(home / "tmp"), "XDG_CACHE_HOME": str(cache),
+                "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"), "TRITON_CACHE_DIR": str(cache / "triton"),
+                "CUDA_CACHE_PATH": str(cache / "nv"), "REGATE_CACHE": shared or str(cache / "checkpoints")}
+
+    def py(self, *args: str, paths: tuple[str, ...] = (), preload: tuple[str, ...] = ()) -> list[str]:
+        """The command line of a Python process of the head: `paths`, its tree, then the installed
+        libraries on the import path (`preload`: modules taken from the libraries first); `args` as
+        python takes them (-m, -c, a script)."""
+        return isolated_python(self.python, [*paths, str(self.root)], *args, preload=preload)
 
     def run(self, cmd: list[str], timeout_s: float, cancelled: Cancelled | None = None,
             on_start: Callable[[int], None] | None = None, env: dict[str, str] | None = None,
-            poll_s: float = 0.2) -> Result:
-        """Run `cmd` in the tree as its own process group; the group is dead when this returns."""
+            poll_s: float = 0.2, pass_fds: tuple[int, ...] = ()) -> Result:
+        """Run `cmd` in the tree as its own process group (in the jail, if any); the group is dead when
+        this returns, and in a jail everything the command started too. `pass_fds`: descriptors the
+        process inherits (a suite's census channel)."""
         cancelled = cancelled or self.cancelled
+        env = self.env(env)
+        if self.confined:
+            for d in self.jailed_dirs().values():
+                os.makedirs(d, exist_ok=True)
+            self.jail.prepare()  # before every command: the harness wrote into the scratch meanwhile
+            cmd = self.jail.command(cmd, str(self.root))
         start = time.monotonic()
         with tempfile.TemporaryFile(mode="w+b") as out:
-            proc = subprocess.Popen(cmd, cwd=self.root, env=self.env(env), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
             if on_start is not None:
                 on_start(proc.pid)
             timed_out = was_cancelled = False
@@ -136,12 +192,12 @@ class Tree:
 
     def engine(self, *args: str) -> list[str]:
         """The head's own `engine` command line (`python -m engine.cli ...` in this tree)."""
-        return [self.python, "-m", "engine.cli", *args]
+        return self.py("-m", "engine.cli", *args)
 
     def checkpoint(self, params: dict, timeout_s: float) -> str:
         """The checkpoint directory the HEAD's engine names for `params` (synthesized on a cache miss)."""
         what = f"resolving checkpoint {params} with the head's engine.ckpt_cache"
-        path = str(self.run_json([self.python, "-c", RESOLVE, json.dumps(params)], timeout_s, what).get("path"))
+        path = str(self.run_json(self.py("-c", RESOLVE, json.dumps(params)), timeout_s, what).get("path"))
         if not Path(path, "config.json").is_file():
             raise TreeRunError(f"{what}: {path!r} is not a checkpoint directory")
         return path
@@ -151,7 +207,7 @@ class Tree:
     def start_keeper(self) -> None:
         mine, theirs = socket.socketpair()
         with theirs:
-            argv = [self.python, str(KEEPER), str(theirs.fileno()), self.token]
+            argv = isolated_python(self.python, [], str(KEEPER), str(theirs.fileno()), self.token)
             if self.scratch is not None:
                 argv.append(str(self.scratch))
             subprocess.run(argv, pass_fds=(theirs.fileno(),),

@@ -51,6 +51,7 @@ def summary(record: Record) -> dict:
         "mutations": [{"pin": p.pin, "state": p.state} for p in r.mutations],
         "grid_verdicts": [{"cell": c.get("cell"), "verdict": c.get("verdict")} for c in (r.grid or {}).get("cells", [])],
         "report_path": r.report_path, "not_run": [n.to_json() for n in r.not_run], "error": r.error,
+        "trusted": r.trusted, "isolation": r.isolation,
     }
 
 
@@ -128,6 +129,10 @@ def gate(
     accept_gate_change: bool = typer.Option(False, "--accept-gate-change",
                                             help="let a head that drops a suite, lowers a census or changes "
                                                  "what a suite needs pass (recorded)"),
+    trusted_ref: Optional[str] = typer.Option(
+        None, "--trusted-ref", metavar="REV",
+        help="the commit whose gates, census and box harness judge the head (default: trusted_ref in the config, "
+             "else origin/HEAD, else the merge-base of the head with main)"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
     require_full: bool = typer.Option(False, "--require-full",
                                       help="exit 1 on a partial pass (a suite of the manifest not run on this box)"),
@@ -140,7 +145,7 @@ def gate(
         cfg = load_config(config, gpus=len(gpus()))
         with ray_output_to_log() as ray_log:
             record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
-                              accept_gate_change)
+                              accept_gate_change, trusted_ref)
     except (ConfigError, ProvenanceError, ManifestError, RequestError) as e:
         printer.stop()
         say(e)

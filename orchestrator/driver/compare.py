@@ -25,7 +25,7 @@ from grids.spec import GridSpec
 from orchestrator import db
 from orchestrator.box.compare import CompareSpec
 from orchestrator.config import Config
-from orchestrator.driver.gate import _owed_sync, _render_index
+from orchestrator.driver.gate import _owed_sync, _render_index, harness_for, hidden_paths
 from orchestrator.driver.grid_check import RequestError, check_grid, read_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import Archive, ProvenanceError, archive
@@ -113,11 +113,13 @@ def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str 
     try:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
         record = new_record(pair, box_cfg.name, grid, arm, run_id or db.new_run_id(pair.head.sha))
+        harness = harness_for(config, pair.head)
+        record.trusted = harness.to_json()
         record.timings["archive_s"] = round(time.monotonic() - t0, 3)
         db.insert_queued(conn, record, f"compare|{pair.base.sha}|{record.run_id}")  # never reused: a fresh measurement
         spec = box_spec(config, record.run_id, pair, box_cfg, grid, arm, hooks)
         sides = record.compare  # the driver's halves; the box's job brings its own (`Record.merge`)
-        _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address)
+        _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address, harness)
         return finish_placed(config, conn, record, sides, t0)
     finally:
         conn.close()
@@ -128,14 +130,14 @@ def box_spec(config: Config, run_id: str, pair: Pair, box_cfg, grid: str, arm: s
     """What the box runs for a comparison (the CLI's and the service's queue's alike)."""
     return CompareSpec(run_id, pair.base.sha, pair.head.sha, pair.base.md5, pair.head.md5, box_cfg,
                        config.timeouts.build_s, config.timeouts.lock_s, config.timeouts.idle_wait_s, grid, arm,
-                       str(config.work_dir) if config.work_dir else None, tuple(hooks))
+                       str(config.work_dir) if config.work_dir else None, tuple(hooks), hidden=hidden_paths(config))
 
 
-def _run_on_ray(config, conn, spec, pair, record: Record, progress, address) -> None:
+def _run_on_ray(config, conn, spec, pair, record: Record, progress, address, harness) -> None:
     started_ray = False
     try:
         started_ray = start_ray(address, spec.box)
-        place(config, conn, spec, pair, record, progress)
+        place(config, conn, spec, pair, record, progress, harness=harness)
     except PlacementError as e:
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):

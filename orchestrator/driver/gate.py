@@ -16,11 +16,11 @@ from typing import Callable
 
 import ray
 
-from gates.sacred import trusted_root as sacred_trusted_root
 from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.box.job import JobSpec
 from orchestrator.driver.grid_check import check_grid
+from orchestrator.driver.harness import Harness, trusted_harness
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 
 from orchestrator.driver.provenance import Archive, archive, read_member
@@ -28,6 +28,12 @@ from orchestrator.record import Box, Head, NotRun, Provenance, Record
 
 MANIFEST = "gates/gates.yaml"
 Progress = Callable[[dict], None]
+
+
+def describe(harness: Harness) -> str:
+    """The trusted harness in words: `main (3f2a1b9c0d1e, merge-base)`."""
+    sha = f"{harness.sha[:12]}, " if harness.sha else ""
+    return f"trusted {harness.ref} ({sha}{harness.source})"
 
 
 def exit_code(state: str) -> int:
@@ -53,14 +59,27 @@ def decide(record: Record) -> str:
 
 
 def idempotency_key(arch: Archive, grid: str | None, box: str, config_digest: str, accept_sacred: bool = False,
-                    accept_gate_change: bool = False, trusted_root=None) -> str:
-    """sha + gate set (the head's and the trusted manifest, the grid, acceptances) + box + config digest."""
+                    accept_gate_change: bool = False, harness_digest: str = "") -> str:
+    """sha + gate set (the head's manifest, the trusted harness's digest: its manifest and every file
+    that judges, the grid, acceptances) + box + config digest."""
     manifest = read_member(arch.tarball, MANIFEST) or b"<no manifest>"
-    trusted = Path(trusted_root or sacred_trusted_root()) / MANIFEST
-    mine = trusted.read_bytes() if trusted.is_file() else b"<no trusted manifest>"
     extra = f"\0grid={grid or ''}\0accept_sacred={accept_sacred}\0accept_gate_change={accept_gate_change}".encode()
-    gate_set = hashlib.sha256(manifest + b"\0" + mine + extra).hexdigest()[:16]
+    gate_set = hashlib.sha256(manifest + b"\0" + harness_digest.encode() + extra).hexdigest()[:16]
     return "|".join([arch.sha, gate_set, box, config_digest])
+
+
+def harness_for(config: Config, arch: Archive, trusted_ref: str | None = None) -> Harness:
+    """The trusted harness that judges `arch`: `--trusted-ref`, else the config's `trusted_root` or
+    `trusted_ref`, else the repository's default (`driver/harness.py`)."""
+    if trusted_ref is not None:
+        return trusted_harness(arch.repo, arch.sha, trusted_ref, "--trusted-ref")
+    return trusted_harness(arch.repo, arch.sha, getattr(config, "trusted_ref", None), "config", config.trusted_root)
+
+
+def hidden_paths(config: Config) -> tuple[str, ...]:
+    """What a head's processes must not see on a box that is also this machine: the state directory
+    (database, reports, token, record key) and the reports directory."""
+    return tuple(sorted({str(Path(config.db_path).resolve().parent), str(Path(config.reports_dir).resolve())}))
 
 
 def new_record(arch: Archive, box: str, run_id: str) -> Record:
@@ -71,46 +90,53 @@ def new_record(arch: Archive, box: str, run_id: str) -> Record:
 
 def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, grid: str | None = None,
              force: bool = False, progress: Progress = lambda ev: None, address: str | None = None,
-             hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False) -> Record:
-    """Gate `rev` of `repo` on `box`; the stored record (an earlier identical one unless `force`)."""
+             hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False,
+             trusted_ref: str | None = None) -> Record:
+    """Gate `rev` of `repo` on `box`, judged by the trusted harness (`harness_for`); the stored record
+    (an earlier identical one unless `force`)."""
     t0 = time.monotonic()
     box_cfg = config.box(box)
     progress({"event": "step", "step": "archive", "status": "start", "detail": f"{rev} of {repo}"})
     arch = archive(repo, rev)
     if grid is not None:  # the API's check: a spec the head has and that parses, before any suite
         grid = check_grid(arch, grid)
+    harness = harness_for(config, arch, trusted_ref)
     archive_s = time.monotonic() - t0
     progress({"event": "step", "step": "archive", "status": "done",
-              "detail": f"{arch.sha[:12]} {len(arch.tarball)} bytes md5 {arch.md5}"})
+              "detail": f"{arch.sha[:12]} {len(arch.tarball)} bytes md5 {arch.md5}; judged by {describe(harness)}"})
     conn = db.connect(config.db_path)
     try:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
         key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred, accept_gate_change,
-                              config.trusted_root)
-        if not force and (done := db.find_reusable(conn, key)) is not None:
+                              harness.digest)
+        reuse = db.reusable(conn, key)  # also under --force: a bad record key stops us before a row exists
+        if not force and (done := reuse.record) is not None:
             progress({"event": "reused", "run_id": done.run_id, "state": done.state})
             return done
         record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        record.trusted = harness.to_json()
+        if reuse.refused is not None:  # a forged or unsigned identical run: say so, in the record too
+            progress({"event": "step", "step": "reuse", "status": "refused", "detail": reuse.refused.why})
+            record.not_run.append(reuse.refused)
         record.timings["archive_s"] = round(archive_s, 3)
         db.insert_queued(conn, record, key)
         spec = JobSpec(record.run_id, arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
                        config.timeouts.lock_s, config.timeouts.idle_wait_s,
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
-                       str(config.trusted_root) if config.trusted_root else None, accept_sacred,
-                       accept_gate_change)
-        return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0)
+                       None, accept_sacred, accept_gate_change, hidden_paths(config))
+        return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0, harness)
     finally:
         conn.close()
 
 
-def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0) -> Record:
+def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0, harness: Harness) -> Record:
     """Place the job, then store the result while Ray is still up (a stored result is never LOST)."""
     started_ray = False
     try:
         started_ray = _start_ray(address, spec.box, progress)
         progress({"event": "step", "step": "placement", "status": "start",
                   "detail": f"the head to box {spec.box.name}; waiting for it to start the job"})
-        place(config, conn, spec, arch, record, progress)
+        place(config, conn, spec, arch, record, progress, harness=harness)
     except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: the box's job was cancelled (its groups died)

@@ -9,20 +9,27 @@ its box, for the CLI gate and the service alike.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import queue
+import tempfile
 import threading
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import ray
 import ray.exceptions
 
 from orchestrator import db
-from orchestrator.box.job import JobSpec, run_job
 from orchestrator.config import BoxConfig, Config
 from orchestrator.driver import live
+from orchestrator.driver.harness import Harness
+from orchestrator.driver.launch import run_harness
 from orchestrator.record import BoxResult, Record
+
+if TYPE_CHECKING:  # the driver never imports the box side for the box: the box runs the trusted harness's
+    from orchestrator.box.job import JobSpec
 
 
 QUEUE_NOTE_S = 30.0  # how often a job queued behind another on its box says so
@@ -44,11 +51,13 @@ class Interrupted(Exception):
 PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError)
 
 
-def place(config: Config, conn, spec: JobSpec, arch, record: Record, progress: Callable[[dict], None],
-          on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False) -> None:
-    """Run the job on its box and fold its result (or why there is none: LOST, ERROR) into `record`.
-    Beats the row's heartbeat while it waits. On a stop or Ctrl-C the box's task is cancelled, and
-    waited for, before Interrupted / KeyboardInterrupt goes up."""
+def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress: Callable[[dict], None],
+          on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False,
+          harness: Harness | None = None) -> None:
+    """Run the job on its box, under the trusted `harness` (`driver/harness.py`), and fold its result
+    (or why there is none: LOST, ERROR) into `record`. Beats the row's heartbeat while it waits. On a
+    stop or Ctrl-C the box's task is cancelled, and waited for, before Interrupted / KeyboardInterrupt
+    goes up."""
     gen = None
 
     def on_event(ev: dict) -> None:
@@ -68,8 +77,9 @@ def place(config: Config, conn, spec: JobSpec, arch, record: Record, progress: C
         t = time.monotonic()
         # once each: the box fetches them from the object store (a comparison ships two: `tarballs`)
         refs = [ray.put(t) for t in getattr(arch, "tarballs", (arch.tarball,))]
+        harness_ref = ray.put(harness.tarball)
         put_s = time.monotonic() - t
-        gen = submit(spec, refs)
+        gen = submit(spec, refs, harness_ref, harness.digest)
         parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
         record.merge(parts, put_s)
     except PLACEMENT_FAILURES as e:
@@ -114,15 +124,30 @@ def start_ray(address: str | None, box: BoxConfig) -> bool:
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    if address:
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise PlacementError(f"cannot join the Ray cluster at {address!r}: {e}") from None
-    else:
-        ray.init(address="local", num_cpus=2, num_gpus=box.gpus, resources={box_resource(box.name): 1},
-                 labels={"box": box.name}, **quiet)
+    with _neutral_cwd():
+        if address:
+            try:
+                ray.init(address=address, **quiet)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise PlacementError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+        else:
+            ray.init(address="local", num_cpus=2, num_gpus=box.gpus, resources={box_resource(box.name): 1},
+                     labels={"box": box.name}, **quiet)
     return True
+
+
+@contextlib.contextmanager
+def _neutral_cwd():
+    """Ray puts the driver's cwd on every worker's import path; run from a head's checkout, that would
+    be the head's code. An empty directory is what the workers get instead."""
+    here = os.getcwd()
+    empty = tempfile.mkdtemp(prefix="regate-ray-cwd-")
+    os.chdir(empty)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        os.rmdir(empty)
 
 
 def box_resource(name: str) -> str:
@@ -150,21 +175,29 @@ def whoami() -> dict:
 
 
 @ray.remote
-def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
+def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str) -> Iterator[dict]:
+    """The job on its box: the trusted harness run as a process of its own (`driver/launch.py`), its
+    events streamed back. Imports nothing of the box side here (this worker's path is not trusted).
+    `harness` arrives as bytes: Ray resolves an object ref passed as an argument."""
     ident = whoami()
     yield {"event": "started", **ident}
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
 
-    def fetch(i: int = 0) -> tuple[bytes, float]:
-        t = time.monotonic()
-        return ray.get(tar_refs[i]), time.monotonic() - t
-    job = getattr(type(spec), "box_job", run_job)  # a spec of another kind names its own job (box/compare.py)
-
     def body() -> None:
+        t = time.monotonic()
+        tarballs, fetch_s = [], []
+        for ref in tar_refs:
+            tarballs.append(ray.get(ref))
+            fetch_s.append(time.monotonic() - t)
+            t = time.monotonic()
         box = {k: ident[k] for k in ("name", "node_id", "labels")}
-        events.put({"event": "result", "parts": job(spec, box, fetch, events.put, cancel.is_set)})
-    worker = threading.Thread(target=body, name=f"gate-{spec.run_id}", daemon=True)
+        try:
+            for ev in run_harness(spec, box, tarballs, fetch_s, harness, digest, cancel.is_set):
+                events.put(ev)
+        except Exception as e:  # the launcher itself failed: say so as the job's result
+            events.put({"event": "result", "parts": {"error": f"the box could not run the harness: {type(e).__name__}: {e}"}})
+    worker = threading.Thread(target=body, name=f"gate-{spec['run_id']}", daemon=True)
     worker.start()
     try:
         while True:
@@ -175,18 +208,23 @@ def _gate_task(spec: JobSpec, tar_refs: list) -> Iterator[dict]:
             yield ev
             if ev["event"] == "result":
                 return
-    except BaseException:  # ray.cancel lands here: stop the job, kill its process groups
+    except BaseException:  # ray.cancel lands here: stop the harness, which kills its process groups
         cancel.set()
-        worker.join(timeout=60)
+        worker.join(timeout=90)
         raise
 
 
-def submit(spec: JobSpec, tarball_refs) -> "ray.ObjectRefGenerator":
+def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str) -> "ray.ObjectRefGenerator":
     """The job's task on its box; `tarball_refs`: one ref, or a list (a comparison's base and head)."""
     opts = dict(resources={box_resource(spec.box.name): 1}, num_gpus=spec.box.gpus, num_cpus=1,
                 max_retries=0, name=f"{getattr(spec, 'kind', 'gate')}:{spec.run_id}")
     refs = tarball_refs if isinstance(tarball_refs, list) else [tarball_refs]
-    return _gate_task.options(**opts).remote(spec, refs)
+    return _gate_task.options(**opts).remote(spec_json(spec), refs, harness_ref, digest)
+
+
+def spec_json(spec) -> dict:
+    """The spec as the JSON the harness reads (`box/main.py: spec_from_json`)."""
+    return {"kind": getattr(spec, "kind", "gate"), **dataclasses.asdict(spec)}
 
 
 def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], None],
@@ -207,7 +245,7 @@ def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], N
         ev = _next_event(gen)
         started = True
         if ev["event"] == "result":
-            return ev["parts"]
+            return BoxResult.from_json(ev["parts"])
         on_event(ev)
 
 

@@ -26,6 +26,7 @@ from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.driver import compare
 from orchestrator.driver.gate import idempotency_key, new_record
+from orchestrator.driver.harness import service_harness
 from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
 from orchestrator.driver.provenance import archive
 from orchestrator.record import Interrupted, NotRun, Record
@@ -89,13 +90,17 @@ def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str
     arch = archive(repo, rev)
     if grid is not None:
         grid = check_grid(arch, grid)
-    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), trusted_root=config.trusted_root)
+    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg),
+                          harness_digest=service_harness(config.trusted_root).digest)
     with _ENQUEUE:
-        if not force and (done := db.find_reusable(conn, key)) is not None:
+        reuse = db.reusable(conn, key)
+        if not force and (done := reuse.record) is not None:
             return done, False
         if (pending := _pending(conn, key)) is not None:  # never queue the same gate twice at once
             return pending, False
         record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        if reuse.refused is not None:  # a forged or unsigned identical run: the new run's record says so
+            record.not_run.append(reuse.refused)
         _insert(conn, record, key, QueuedJob(record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source))
     return record, True
 

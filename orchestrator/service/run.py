@@ -20,6 +20,8 @@ from orchestrator import db
 from orchestrator.box.job import JobSpec
 from orchestrator.config import Config
 from orchestrator.driver import compare, gate
+from orchestrator.driver.gate import hidden_paths
+from orchestrator.driver.harness import HarnessError, service_harness
 from orchestrator.driver.placement import CANCEL_WAIT_S, Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import ProvenanceError, archive
 from orchestrator.record import Record
@@ -88,7 +90,7 @@ def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple
                    build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
                    idle_wait_s=config.timeouts.idle_wait_s,
                    work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
-                   trusted_root=str(config.trusted_root) if config.trusted_root else None)
+                   hidden=hidden_paths(config))
     return spec, arch
 
 
@@ -118,10 +120,12 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool
         service_queue.mark_started(conn, record.run_id)
         started[0] = True
     try:
+        harness = service_harness(config.trusted_root)  # the service's own install judges its jobs
+        record.trusted = harness.to_json()
         ray_handle.ensure(spec.box)
         place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record.run_id}),
-              on_started, stop.is_set)
-    except PlacementError as e:  # Ray could not be started or joined
+              on_started, stop.is_set, harness=harness)
+    except (PlacementError, HarnessError) as e:  # Ray could not be started or joined; no trusted harness
         note_placement_failure(record, e)
     except Interrupted:
         return started[0]
