@@ -11,7 +11,8 @@ directory, found from the cwd as git finds its repository or given by REGATE_HOM
     db_path: .regate/regate.db   # relative paths are relative to the config file's directory
     reports_dir: .regate/reports # absent: reports/ beside db_path
     work_dir: null               # where a box unpacks heads (null: the system temp dir)
-    trusted_root: null           # regate checkout whose gates.yaml judges sacred suites (null: the box's own)
+    trusted_root: null           # a directory whose gates/, grids/, orchestrator/ judge every head (null: see trusted_ref)
+    trusted_ref: null            # a CLI gate's trusted commit (null: origin/HEAD, else the merge-base with main)
     default_box: h200-a          # else the first box
     timeouts: {schedule_s: 120, lock_s: 3600, build_s: 1800, idle_wait_s: 300, heartbeat_s: 5, stale_s: 120}
     boxes:
@@ -86,6 +87,7 @@ class Config:
     reports_dir: Path = Path(".regate/reports")
     work_dir: Path | None = None
     trusted_root: Path | None = None
+    trusted_ref: str | None = None  # the commit whose harness judges a CLI gate (driver/harness.py)
     default_box: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     source: str = "<built-in defaults>"
@@ -141,7 +143,7 @@ def load_config(path: str | Path | None, gpus: int = 0) -> Config:
 
 # `schedules` is parsed and validated by orchestrator.schedule.load_schedules (the service's section).
 _TOP = ("ray_address", "db_path", "reports_dir", "work_dir", "default_box", "timeouts", "boxes", "trusted_root",
-        "schedules")
+        "trusted_ref", "schedules")
 
 
 def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
@@ -164,6 +166,7 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
         reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or db_path.parent / REPORTS,
         work_dir=_path(top.get("work_dir"), where, "work_dir", base),
         trusted_root=_path(top.get("trusted_root"), where, "trusted_root", base),
+        trusted_ref=_opt_str(top.get("trusted_ref"), where, "trusted_ref"),
         default_box=default,
         timeouts=_timeouts(top.get("timeouts"), where),
         source=where,

@@ -7,7 +7,8 @@
 #   bash scripts/device_gate.sh bundle      # HEAD's history as .regate-bundle/repo.bundle (git-ignored)
 #   bash ../shared/tools/device-wheels.sh croniter python-dateutil pytz six   # .whl/: Ray etc. for the box
 # On the GPU box (a device run with carry [".whl", ".regate-bundle"]), stages in the order given:
-#   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json` there; the JSON line,
+#   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json $GATE_ARGS` there (the
+#            sandbox needs bwrap: carry .debs/ from ../shared/tools/device-debs.sh bubblewrap libcap2); the JSON line,
 #            rc, wall seconds and sha; the record and HTML report under $OUT
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
 #   grid     `orchestrator grid $GRID_SPEC $GRID_ARGS` (default --until-binding) on the clone, no suites (default grids/lmhead-64.yaml:
@@ -59,7 +60,9 @@ export PYTHONUNBUFFERED=1 REGATE_CACHE=${REGATE_CACHE:-/tmp/regate-cache} REGATE
 stage_bundle() {
   mkdir -p .regate-bundle
   grep -qx '/.regate-bundle/' .git/info/exclude 2>/dev/null || echo '/.regate-bundle/' >> .git/info/exclude
-  git bundle create -q .regate-bundle/repo.bundle HEAD && git rev-parse HEAD > .regate-bundle/sha
+  # HEAD and its branch: the clone's origin/HEAD names the branch, the trusted ref a gate defaults to
+  local branch; branch=$(git symbolic-ref --quiet --short HEAD || true)
+  git bundle create -q .regate-bundle/repo.bundle HEAD ${branch:+"$branch"} && git rev-parse HEAD > .regate-bundle/sha
   echo "bundle of $(cat .regate-bundle/sha) ($(du -h .regate-bundle/repo.bundle | cut -f1))"
 }
 
@@ -67,8 +70,20 @@ stage_bundle() {
 # transformers' Qwen3.5, the suites' oracle, picks fla's Triton kernels whenever fla imports, and those
 # fail on the CPU oracle's tensors (measured: the gate at e0321fd, paged_engine and dense_lmhead_fp4 RED).
 install_wheels() {
+  install_debs
   [ -d /tmp/site ] || [ -n "${NO_WHEELS:-}" ] && return 0  # NO_WHEELS=1: PY already has Ray (a dry run here)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+}
+
+# bubblewrap for the sandbox (orchestrator/box/sandbox.py), carried as Debian packages (.debs/, made by
+# ../shared/tools/device-debs.sh bubblewrap libcap2): the box has no network and no bwrap of its own.
+install_debs() {
+  command -v bwrap >/dev/null 2>&1 && return 0
+  ls .debs/*.deb >/dev/null 2>&1 || return 0
+  for d in .debs/*.deb; do dpkg -x "$d" /opt/debroot; done
+  export PATH=/opt/debroot/usr/bin:$PATH
+  export LD_LIBRARY_PATH=/opt/debroot/usr/lib/x86_64-linux-gnu:/opt/debroot/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  bwrap --version
 }
 
 clone() {
@@ -82,7 +97,7 @@ stage_gate() {
   install_wheels && clone || return 1
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu --format=csv
   local t0=$SECONDS rc
-  in_clone $PY -m orchestrator.cli gate --head HEAD --json > "$OUT/gate.stdout" 2> "$OUT/gate.stderr"; rc=$?
+  in_clone $PY -m orchestrator.cli gate --head HEAD --json ${GATE_ARGS:-} > "$OUT/gate.stdout" 2> "$OUT/gate.stderr"; rc=$?
   grep -v -e gcs_client -e 'Token authentication' "$OUT/gate.stderr" | tail -30
   echo "gate rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
   tail -1 "$OUT/gate.stdout" | tee "$OUT/gate.json"

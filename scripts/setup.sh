@@ -18,24 +18,35 @@ step() { echo "setup: $*"; }
 run() { if [ "$DRY" = 1 ]; then echo "  would run: $*"; else "$@"; fi; }
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if [ -x .venv/bin/python ]; then
-  step "1/3 .venv exists: $(pwd)/.venv"
+  step "1/4 .venv exists: $(pwd)/.venv"
 else
-  step "1/3 creating .venv with $PY"
+  step "1/4 creating .venv with $PY"
   run "$PY" -m venv .venv
 fi
 if [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null; then
-  step "2/3 torch already installed"
+  step "2/4 torch already installed"
 elif ls /opt/wheels/torch-*+cpu-*.whl >/dev/null 2>&1; then
   version=$(ls /opt/wheels/torch-*+cpu-*.whl | head -1 | sed -E 's/.*torch-([0-9.]+)\+cpu.*/\1/')
-  step "2/3 installing torch $version (CPU build, this machine's local wheel; a minute or two)"
+  step "2/4 installing torch $version (CPU build, this machine's local wheel; a minute or two)"
   run "${pip[@]}" "torch==$version"
 else
-  step "2/3 installing torch (CPU build from PyTorch's CPU index, a few hundred MB; a few minutes)"
+  step "2/4 installing torch (CPU build from PyTorch's CPU index, a few hundred MB; a few minutes)"
   run "${pip[@]}" torch --index-url https://download.pytorch.org/whl/cpu
 fi
 # compat: a .pth path entry, not an import hook, so a head's tree on PYTHONPATH never silently
 # borrows a module it lacks from this checkout (the hook answers for any missing submodule).
-step "3/3 installing regate and its dependencies (ray, transformers, ...; pip install -e '.[test]')"
+step "3/4 installing regate and its dependencies (ray, transformers, ...; pip install -e '.[test]')"
 run "${pip[@]}" -e '.[test]' --config-settings editable_mode=compat
+# bubblewrap: the sandbox every process of a gated head runs in (orchestrator/box/sandbox.py). Without it
+# a root box falls back to running the head as `nobody`; a box that can do neither refuses to gate.
+if command -v bwrap >/dev/null 2>&1; then
+  step "4/4 bubblewrap already installed ($(bwrap --version))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  step "4/4 installing bubblewrap (Debian's package) for the gate's sandbox"
+  run sh -c 'apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)' \
+    || step "4/4 bubblewrap could not be installed: gates fall back to the reaper (as root) or refuse"
+else
+  step "4/4 bubblewrap is not installed: install it (apt-get install bubblewrap) for the gate's sandbox"
+fi
 if [ "$DRY" = 1 ]; then step "dry run: nothing was installed"
 else step "done in ${SECONDS} s: regate installed in $(pwd)/.venv"; fi

@@ -123,8 +123,9 @@ def test_setup_sh_prints_its_steps_and_runs_nothing_in_a_dry_run(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     steps = [line for line in r.stdout.splitlines() if line.startswith("setup: ")]
-    assert [s.split()[1] for s in steps[:3]] == ["1/3", "2/3", "3/3"], r.stdout
-    assert "torch" in steps[1] and "regate" in steps[2] and steps[-1] == "setup: dry run: nothing was installed"
+    assert [s.split()[1] for s in steps[:4]] == ["1/4", "2/4", "3/4", "4/4"], r.stdout
+    assert "torch" in steps[1] and "regate" in steps[2] and "bubblewrap" in steps[3]
+    assert steps[-1] == "setup: dry run: nothing was installed"
     assert venv.exists() == had_venv
     bad = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "setup.sh"), "--nope"], capture_output=True,
                          text=True, timeout=60)

@@ -71,6 +71,21 @@ def gate(repo: Path, *args: str) -> dict:
     return out
 
 
+def stored(repo: Path, run_id: str) -> dict:
+    """The whole run record, as the head's checkout's state directory holds it."""
+    con = sqlite3.connect(repo / ".regate/regate.db")
+    return json.loads(con.execute("SELECT record FROM runs WHERE run_id=?", (run_id,)).fetchone()[0])
+
+
+def with_code_first(source: str, code: str) -> str:
+    """`source` with `code` run first (after its `from __future__` line, which must stay first)."""
+    future = "from __future__ import annotations\n"
+    if future in source:
+        head, rest = source.split(future, 1)
+        return head + future + code + rest
+    return code + source
+
+
 def suite_state(result: dict, name: str) -> str:
     return next(s["state"] for s in result["suites"] if s["name"] == name)
 
@@ -191,9 +206,11 @@ if "pytest" in _sys.modules and "_pytest.main" in _sys.modules:
 
 def test_a_suite_that_reports_and_exits_before_running_is_red(trusted, tmp_path):
     init = (trusted / "engine/__init__.py").read_text() + EARLY_EXIT
-    out = gate(head_checkout(trusted, tmp_path, {"engine/__init__.py": init}))
+    repo = head_checkout(trusted, tmp_path, {"engine/__init__.py": init})
+    out = gate(repo)
     assert out["state"] == "FAILED" and suite_state(out, "dense_lmhead_fp4") == "RED"
-    assert "before its final census report" in json.dumps(out["suites"])
+    reasons = [r for s in stored(repo, out["run_id"])["suites"] for r in s.get("reasons", [])]
+    assert any("before its final census report" in r for r in reasons), reasons
 
 
 ESCAPE = """
@@ -224,7 +241,7 @@ while time.time() < end:
 def test_a_process_that_leaves_its_run_cannot_rewrite_a_later_gate(trusted, tmp_path):
     fixed = (trusted / "engine/loader.py").read_text()
     cli = (trusted / "engine/cli.py").read_text()
-    escaping = head_checkout(trusted, tmp_path / "a", {"engine/cli.py": ESCAPE + cli, "engine/loader_fixed.py": fixed},
+    escaping = head_checkout(trusted, tmp_path / "a", {"engine/cli.py": with_code_first(cli, ESCAPE), "engine/loader_fixed.py": fixed},
                              pin=False)
     assert gate(escaping)["state"].startswith("PASSED")
     out = gate(head_checkout(trusted, tmp_path / "b"))  # a later, different head with the bug
@@ -249,9 +266,12 @@ def test_a_head_cannot_touch_the_state_or_the_lock(trusted, tmp_path):
     repo = tmp_path / "head"
     state = repo / ".regate"
     cli = (trusted / "engine/cli.py").read_text()
-    repo = head_checkout(trusted, tmp_path, {"engine/cli.py": probe.replace("STATE", repr(str(state))) + cli})
+    repo = head_checkout(trusted, tmp_path, {"engine/cli.py": with_code_first(cli, probe.replace("STATE", repr(str(state))))})
     out = gate(repo)
     assert out["state"] == "FAILED"
+    said = stored(repo, out["run_id"])["build"]["output_tail"]
+    for what in ("db", "key", "lock"):  # the build tried each, and each was refused
+        assert f"attack {what}: refused" in said, said
     lock = Path("~/gpu.lock").expanduser()
     assert lock.exists(), "the head unlinked the box lock file"
     runs = sqlite3.connect(state / "regate.db").execute("SELECT run_id, state FROM runs").fetchall()
@@ -269,8 +289,8 @@ def test_a_head_cannot_touch_the_state_or_the_lock(trusted, tmp_path):
 
 def test_a_marker_printed_without_a_build_is_a_degraded_build(trusted, tmp_path):
     cli = (trusted / "engine/cli.py").read_text()
-    fake = ("import sys\nif sys.argv[1:2] == ['build']:\n"
-            "    print('packed NVFP4 W4A16 GEMM: ENABLED for sm_90')\n    sys.exit(0)\n") + cli
+    fake = with_code_first(cli, "import sys\nif sys.argv[1:2] == ['build']:\n"
+                                "    print('packed NVFP4 W4A16 GEMM: ENABLED for sm_90')\n    sys.exit(0)\n")
     repo = head_checkout(trusted, tmp_path, {"engine/cli.py": fake})
     config = tmp_path / "orchestrator.yaml"
     config.write_text(yaml.safe_dump({"db_path": str(tmp_path / "state/regate.db"), "boxes": [

@@ -73,7 +73,7 @@ def harness_for(config: Config, arch: Archive, trusted_ref: str | None = None) -
     `trusted_ref`, else the repository's default (`driver/harness.py`)."""
     if trusted_ref is not None:
         return trusted_harness(arch.repo, arch.sha, trusted_ref, "--trusted-ref")
-    return trusted_harness(arch.repo, arch.sha, getattr(config, "trusted_ref", None), "config", config.trusted_root)
+    return trusted_harness(arch.repo, arch.sha, config.trusted_ref, "config", config.trusted_root)
 
 
 def hidden_paths(config: Config) -> tuple[str, ...]:

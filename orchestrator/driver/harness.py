@@ -109,8 +109,8 @@ def from_ref(repo: str | Path, ref: str, source: str) -> Harness:
     sha = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") if not ref.startswith("-") else ""
     if not sha:
         raise HarnessError(f"{repo}: unknown trusted ref {ref!r} (no commit by that name)")
-    r = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha, "--", *PACKAGES],
-                       capture_output=True, timeout=300)
+    # The whole commit, filtered here: a pathspec of a package the commit lacks would fail the archive.
+    r = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", sha], capture_output=True, timeout=300)
     if r.returncode != 0:
         raise HarnessError(f"{repo}: git archive of the trusted ref {ref} ({sha[:12]}) failed: "
                            f"{r.stderr.decode().strip()}")

@@ -80,6 +80,15 @@ def _box(record: Record) -> str:
     return f"box      {b.name or '?'}  backend {b.backend or '?'}, {gpu}{node}"
 
 
+def _judged(record: Record) -> str:
+    t, iso = record.trusted or {}, record.isolation or {}
+    judge = (f"trusted {t.get('ref')} {(t.get('sha') or '')[:12]} ({t.get('source')}), judging files "
+             f"{t.get('digest')}") if t else "not recorded"
+    kind = iso.get("kind") or "not recorded"
+    weak = " (the head ran unconfined: a weaker claim)" if kind == "none" else ""
+    return f"judged   {judge}\nisolated {kind}{weak}"
+
+
 def _times(record: Record) -> str:
     return (f"time     created {when(record.created_at) or '?'}  finished {when(record.finished_at) or '-'}"
             f"  wall {_seconds(_wall_s(record))}")
@@ -162,7 +171,7 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
     out = [Text.assemble("run      ", (record.run_id, "bold"), f"  kind {record.kind}"),
            Text.assemble("state    ", (record.shown_state, style)),
            Text(f"         {exit_meaning(record)}"),
-           _head(record), Text(_box(record)), Text(_times(record))]
+           _head(record), Text(_box(record)), Text(_judged(record)), Text(_times(record))]
     for part in (_suite_lines(record), _grid_lines(record), _owed_lines(record, owed)):
         if part:
             out += [Text("")] + part

@@ -76,6 +76,8 @@ def provenance(record: Record) -> dict:
             "idle": _part(record.idle) if record.idle else {"checked": None, "idle": None, "detail": None},
             "markers": _markers(build), "build_s": build.duration_s if build else None,
             "build_output": build.output_tail if build else None,
+            "proof": (build.proof or {}) if build else {},
+            "trusted": record.trusted, "isolation": record.isolation,
             "versions": record.versions or {}, "timings": record.timings}
 
 
