@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from orch_helpers import harness_files
 from orchestrator.config import load_config
 
 # A stand-in engine: `python -m engine.cli build` in the head's tree prints a marker line, nothing else.
@@ -45,6 +46,9 @@ def git(repo: Path, *args: str) -> str:
 def make_repo(root: Path) -> tuple[Path, str]:
     """A committed repository with the stand-in engine, one quick suite and a grid spec; (path, sha)."""
     repo = root / "repo"
+    for rel, data in harness_files().items():  # the repo is its own trusted tree (driver/harness.py)
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_bytes(data)
     files = {"engine/__init__.py": "", "engine/cli.py": ENGINE_CLI, "gates/gates.yaml": MANIFEST,
              "suite/test_quick.py": SUITE, "suite/sleep_s": "0", "grids/smoke.yaml": GRID}
     for rel, text in files.items():

@@ -67,11 +67,13 @@ def cluster():
 
 @pytest.fixture
 def env(tmp_path):
-    """A config with boxes A and B (locks in tmp), the ledger and work dir in tmp."""
-    def config(**timeouts) -> Config:
-        boxes = (BoxConfig("A", lock_path=str(tmp_path / "A.lock")),
-                 BoxConfig("B", lock_path=str(tmp_path / "B.lock")),
-                 BoxConfig("C", lock_path=str(tmp_path / "C.lock")))
+    """A config with boxes A and B (locks in tmp), the ledger and work dir in tmp. `isolation="none"`
+    for a test that reads what the head's processes wrote outside their run (a log, their pids): the
+    sandbox would rightly keep those writes in."""
+    def config(isolation: str = "auto", **timeouts) -> Config:
+        boxes = (BoxConfig("A", lock_path=str(tmp_path / "A.lock"), isolation=isolation),
+                 BoxConfig("B", lock_path=str(tmp_path / "B.lock"), isolation=isolation),
+                 BoxConfig("C", lock_path=str(tmp_path / "C.lock"), isolation=isolation))
         t = Timeouts(**({"schedule_s": 30, "heartbeat_s": 0.5} | timeouts))
         return Config(boxes=boxes, db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports",
                       work_dir=tmp_path / "work", trusted_root=tmp_path / "repo", timeouts=t)
@@ -147,7 +149,7 @@ def test_grid_runs_on_the_box_under_the_lock(cluster, env):
 
 def test_two_jobs_on_one_box_serialize(cluster, env):
     tmp_path, config = env
-    cfg = config()
+    cfg = config("none")
     log = tmp_path / "slow.log"
     repo = _repo(tmp_path, {"tests/test_slow.py": slow_test(log, 1.0)}, [suite("slow", "tests/test_slow.py", 1, 1)])
     results = []
@@ -214,7 +216,7 @@ def test_lock_held_by_flock_times_out(cluster, env):
 
 def test_hanging_suite_is_killed(cluster, env):
     tmp_path, config = env
-    cfg = config()
+    cfg = config("none")
     pids = tmp_path / "pids"
     repo = _repo(tmp_path, {"tests/test_hang.py": hanging_test(pids), "tests/test_ok.py": PASSING_TEST},
                  [suite("hang", "tests/test_hang.py", 1, 1, timeout_s=8), suite("fast", "tests/test_ok.py", 2, 3)])
@@ -228,7 +230,7 @@ def test_hanging_suite_is_killed(cluster, env):
 
 def test_worker_killed_mid_gate_is_lost_and_frees_the_lock(cluster, env):
     tmp_path, config = env
-    cfg = config()
+    cfg = config("none")
     pids = tmp_path / "pids"
     repo = _repo(tmp_path, {"tests/test_hang.py": hanging_test(pids)}, [suite("hang", "tests/test_hang.py", 1, 1)])
     worker = {}

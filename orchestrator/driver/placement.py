@@ -24,7 +24,7 @@ import ray.exceptions
 from orchestrator import db
 from orchestrator.config import BoxConfig, Config
 from orchestrator.driver import live
-from orchestrator.driver.harness import Harness
+from orchestrator.driver.harness import Harness, service_harness
 from orchestrator.driver.launch import run_harness
 from orchestrator.record import BoxResult, Record
 
@@ -59,6 +59,7 @@ def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress:
     stop or Ctrl-C the box's task is cancelled, and waited for, before Interrupted / KeyboardInterrupt
     goes up."""
     gen = None
+    harness = harness or service_harness(config.trusted_root)  # none named: this install, or trusted_root
 
     def on_event(ev: dict) -> None:
         if ev["event"] == "started":
