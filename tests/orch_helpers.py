@@ -184,6 +184,15 @@ def snapshot_clone(src: Path, dest: Path) -> Path:
     return dest
 
 
+def trusted_clone(dest: Path) -> Path:
+    """This checkout as committed work (`snapshot_clone`) with a `main` branch and no remote: `main` is
+    the trusted ref a head on top of it is judged by (the merge-base with the local default branch)."""
+    repo = snapshot_clone(REPO_ROOT, dest)
+    git(repo, "remote", "remove", "origin")
+    git(repo, "branch", "-M", "main")
+    return repo
+
+
 def flock_holder(path: Path, seconds: float) -> subprocess.Popen:
     """flock(1) holding `path`, as a person would by hand; returns once it holds it.
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orch_helpers import REPO_ROOT, commit_all, git, snapshot_clone
+from orch_helpers import commit_all, git, trusted_clone
 from orchestrator.box.compare import CompareSpec
 from orchestrator.box.job import JobSpec
 from orchestrator.box.main import spec_from_json
@@ -26,11 +26,8 @@ from orchestrator.pyboot import isolated_python
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """This checkout, committed, with a `main` branch and no remote."""
-    r = snapshot_clone(REPO_ROOT, tmp_path_factory.mktemp("harness") / "repo")
-    git(r, "remote", "remove", "origin")
-    git(r, "branch", "-M", "main")
-    return r
+    """This checkout as committed work, no remote: its `main` judges every head below."""
+    return trusted_clone(tmp_path_factory.mktemp("trusted") / "repo")
 
 
 def test_a_ref_and_its_checkout_bundle_to_the_same_digest(repo):

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from gates.pins import apply_pin, load_pins
-from orch_helpers import REPO_ROOT, commit_all, git, snapshot_clone
+from orch_helpers import commit_all, git, trusted_clone
 
 pytestmark = pytest.mark.slow
 PIN = "ct-head-read-as-tied"  # engine/loader.py reads a compressed-tensors head as tied; dense_lmhead_fp4 catches it
@@ -34,11 +34,8 @@ CLI = str(Path(sys.executable).with_name("orchestrator"))
 
 @pytest.fixture(scope="module")
 def trusted(tmp_path_factory) -> Path:
-    """This checkout as committed work, no remote: its `main` is what judges every head below."""
-    repo = snapshot_clone(REPO_ROOT, tmp_path_factory.mktemp("trusted") / "repo")
-    git(repo, "remote", "remove", "origin")
-    git(repo, "branch", "-M", "main")
-    return repo
+    """This checkout as committed work, no remote: its `main` judges every head below."""
+    return trusted_clone(tmp_path_factory.mktemp("trusted") / "repo")
 
 
 def head_checkout(trusted: Path, where: Path, files: dict[str, str] | None = None, pin: bool = True,
@@ -169,6 +166,13 @@ def test_the_heads_own_box_code_never_runs_on_the_box(trusted, tmp_path):
 
 PLUGIN = """\
 import pytest
+
+
+def pytest_configure(config):
+    import gates.census as census  # every check counts as passed
+    census.Check.__call__ = lambda self, cond, what="": (setattr(self._r, "checks_total", self._r.checks_total + 1),
+                                                         setattr(self._r, "checks_passed", self._r.checks_passed + 1),
+                                                         True)[-1]
 
 
 @pytest.hookimpl(wrapper=True)
