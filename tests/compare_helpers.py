@@ -75,21 +75,22 @@ def two_commits(root: Path, base_rate: float, head_rate: float, legs: int = 3,
     return repo, base, head
 
 
-def box(tmp_path: Path, required_markers: tuple[str, ...] = ()) -> BoxConfig:
-    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"), required_markers=required_markers)
+def box(tmp_path: Path, required_markers: tuple[str, ...] = (), isolation: str = "auto") -> BoxConfig:
+    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"), required_markers=required_markers, isolation=isolation)
 
 
-def config(tmp_path: Path, required_markers: tuple[str, ...] = ()) -> Config:
-    return Config(boxes=(box(tmp_path, required_markers),), db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports",
-                  work_dir=tmp_path / "work")
+def config(tmp_path: Path, required_markers: tuple[str, ...] = (), isolation: str = "auto") -> Config:
+    return Config(boxes=(box(tmp_path, required_markers, isolation),), db_path=tmp_path / "r.db",
+                  reports_dir=tmp_path / "reports", work_dir=tmp_path / "work")
 
 
 def compare_without_ray(repo: Path, tmp_path: Path, base: str = "HEAD~1", head: str = "HEAD",
                         grid: str = "grids/tiny.yaml", arm: str | None = None, hooks: tuple[str, ...] = (),
-                        required_markers: tuple[str, ...] = ()):
-    """`run_compare` as it records a comparison, the box's job run in this process: (record, events)."""
+                        required_markers: tuple[str, ...] = (), isolation: str = "auto"):
+    """`run_compare` as it records a comparison, the box's job run in this process: (record, events).
+    `isolation="none"` for a test that reads the stub bench's log, written outside the run."""
     t0 = time.monotonic()
-    cfg = config(tmp_path, required_markers)
+    cfg = config(tmp_path, required_markers, isolation)
     (tmp_path / "work").mkdir(exist_ok=True)
     pair = archives(str(repo), base, head)
     grid, arm = checked_grid(pair, grid, arm)

@@ -34,7 +34,7 @@ def _calls(log: Path) -> list[dict]:
 
 def test_legs_alternate_base_head_and_each_revision_runs_its_own_tree(tmp_path, bench_log):
     repo, base, head = two_commits(tmp_path / "repo", base_rate=10.0, head_rate=9.0, legs=4)
-    record, events = compare_without_ray(repo, tmp_path)
+    record, events = compare_without_ray(repo, tmp_path, isolation="none")  # reads the bench log
     assert record.error is None, record.error
     calls = _calls(bench_log)
     # ABBA: base, head / head, base / base, head / head, base; the rate says whose engine ran
@@ -54,7 +54,7 @@ def test_legs_alternate_base_head_and_each_revision_runs_its_own_tree(tmp_path, 
 
 def test_arm_option_runs_that_arm_config(tmp_path, bench_log):
     repo, _, _ = two_commits(tmp_path / "repo", 10.0, 10.0, legs=1)
-    record, _ = compare_without_ray(repo, tmp_path, arm="dequant")
+    record, _ = compare_without_ray(repo, tmp_path, arm="dequant", isolation="none")  # reads the bench log
     assert record.compare.arm == "dequant"
     assert {c["argv"][c["argv"].index("--lm-head") + 1] for c in _calls(bench_log)} == {"dequant"}
 

@@ -36,7 +36,9 @@ def _config(tmp_path: Path, repo: Path) -> Path:
     cfg = {"db_path": str(tmp_path / "r.db"), "reports_dir": str(tmp_path / "reports"),
            "work_dir": str(tmp_path / "work"), "trusted_root": str(repo),
            "timeouts": {"heartbeat_s": 0.5, "stale_s": STALE_S, "schedule_s": 120},
-           "boxes": [{"name": "A", "lock_path": str(tmp_path / "A.lock"), "gpus": 0, "required_markers": []}]}
+           # isolation none: the test reads the pids the head's suite writes outside its run
+           "boxes": [{"name": "A", "lock_path": str(tmp_path / "A.lock"), "gpus": 0, "required_markers": [],
+                      "isolation": "none"}]}
     path = tmp_path / "orchestrator.yaml"
     path.write_text(yaml.safe_dump(cfg))
     (tmp_path / "work").mkdir()
