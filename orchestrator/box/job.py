@@ -197,7 +197,7 @@ def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gp
         for s in parts.suites:
             s.sacred_modified = s.name in parts.sacred.modified
         if gates.mutations == "on_gate":
-            parts.mutations = _pins(tree, emit, parts)
+            parts.mutations = _pins(tree, emit, parts, judge)
         else:  # not run is not passed: the report lists it beside the CUDA gates
             parts.not_run.append(NotRun(what="mutation pins", why=MUTATIONS_OFF.format(sha=spec.sha[:12])))
         parts.timings["gates_s"] = round(time.monotonic() - t, 3)
@@ -242,12 +242,12 @@ def _suites(tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: 
     return out
 
 
-def _pins(tree: Tree, emit, parts: BoxResult) -> list[Mutation]:
+def _pins(tree: Tree, emit, parts: BoxResult, judge: Judge) -> list[Mutation]:
     emit({"event": "step", "step": "mutations", "status": "start"})
 
     def on_pin(r: dict) -> None:
         emit({"event": "step", "step": f"pin {r.get('pin')}", "status": r.get("state"), "detail": r.get("detail", "")})
-    results = [Mutation.from_json(r) for r in run_pins(tree, progress=on_pin)]
+    results = [Mutation.from_json(r) for r in run_pins(tree, progress=on_pin, judge=judge)]
     parts.not_run.extend(NotRun(what=f"mutation pin {r.pin}", why=r.detail)
                          for r in results if r.state == "NOT_RUN")  # a CUDA pin on a box without a GPU
     return results

@@ -22,6 +22,7 @@ from gates.census import failure_count
 from gates.manifest import Suite, load_manifest
 from gates.pins import Pin, PinStale, apply_pin, load_pins
 from orchestrator.box.suites import run_census
+from orchestrator.box.judge import Judge
 from orchestrator.box.tree import Tree
 
 KILLED, SURVIVED, STALE, NOT_RUN = "KILLED", "SURVIVED", "STALE", "NOT_RUN"
@@ -29,9 +30,11 @@ _IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "
 
 
 def run_pins(tree: Tree | str | Path, pins: list[str] | None = None, python: str = sys.executable,
-             progress: Callable[[dict], None] | None = None, baseline: bool = True) -> list[dict]:
-    """Run the named pins (all when None) of `tree` against its own suites; one dict per pin:
-    {pin, suite, state, failures, expected_min, detail, duration_s}."""
+             progress: Callable[[dict], None] | None = None, baseline: bool = True,
+             judge: Judge | None = None) -> list[dict]:
+    """Run the named pins (all when None) of `tree` against its own suites, judged by `judge` (a gate's
+    trusted files; None: the tree judges itself, as `orchestrator mutate` of a checkout does); one dict
+    per pin: {pin, suite, state, failures, expected_min, detail, duration_s}."""
     root = tree if isinstance(tree, Tree) else Tree(Path(tree), python=python)
     manifest = load_manifest(root.root)
     chosen = load_pins(root.root, pins)
@@ -45,8 +48,8 @@ def run_pins(tree: Tree | str | Path, pins: list[str] | None = None, python: str
         else:
             suite = manifest.suite(pin.suite)
             if baseline and suite.name not in baselines:  # the whole suite: any part of a green suite is green
-                baselines[suite.name] = run_suite_copy(root, suite, (), mutate=None)
-            result = run_pin(root, pin, suite, baselines.get(suite.name))
+                baselines[suite.name] = run_suite_copy(root, suite, (), mutate=None, judge=judge)
+            result = run_pin(root, pin, suite, baselines.get(suite.name), judge)
         if progress is not None:
             progress(result)
         results.append(result)
@@ -59,9 +62,9 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def run_pin(root: Tree, pin: Pin, suite: Suite, base: dict | None) -> dict:
+def run_pin(root: Tree, pin: Pin, suite: Suite, base: dict | None, trusted: Judge | None = None) -> dict:
     t0 = time.monotonic()
-    run = run_suite_copy(root, suite, pin.select, mutate=pin)
+    run = run_suite_copy(root, suite, pin.select, mutate=pin, judge=trusted)
     state, detail = judge(pin, run, base)
     return _result(pin, state, run.get("failures", 0), detail, time.monotonic() - t0)
 
@@ -88,7 +91,8 @@ def judge(pin: Pin, run: dict, base: dict | None) -> tuple[str, str]:
     return SURVIVED, f"only {n} failure(s), the pin expects at least {pin.expected_min}"
 
 
-def run_suite_copy(root: Tree, suite: Suite, select: tuple[str, ...], mutate: Pin | None) -> dict:
+def run_suite_copy(root: Tree, suite: Suite, select: tuple[str, ...], mutate: Pin | None,
+                   judge: Judge | None = None) -> dict:
     """Copy `root` into a fresh temp dir, apply `mutate` (if any), run the suite there, clean up."""
     with root.tempdir("regate-mutate-") as tmp:
         tree = Path(tmp) / "tree"
@@ -98,13 +102,14 @@ def run_suite_copy(root: Tree, suite: Suite, select: tuple[str, ...], mutate: Pi
                 apply_pin(mutate, tree)
             except PinStale as e:
                 return {"stale": str(e), "failures": 0}
-        return run_suite(root.at(tree), suite, select)
+        return run_suite(root.at(tree), suite, select, judge=judge)
 
 
-def run_suite(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict | None = None) -> dict:
+def run_suite(tree: Tree, suite: Suite, select: tuple[str, ...] = (), env: dict | None = None,
+              judge: Judge | None = None) -> dict:
     """Run the suite (or `select` within it) under the census plugin in `tree`, as a gate does;
     returns {failures, rc, record (the census record), detail} (or timed_out)."""
-    run = run_census(tree, suite, select, env)
+    run = run_census(tree, suite, select, env, judge=judge)
     res = run.result
     if res.timed_out:
         return {"timed_out": True, "timeout_s": suite.timeout_s, "failures": 0, "detail": "timeout"}
