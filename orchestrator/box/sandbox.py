@@ -28,6 +28,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.pyboot import library_paths
+
 POLICIES = ("auto", "bwrap", "reaper", "none")
 REAPER = Path(__file__).with_name("reaper.py")  # run by path with -I -S: it imports only the standard library
 UNPRIVILEGED_USER = "nobody"
@@ -152,6 +154,8 @@ class Jail:
                 out += ["--dev-bind", node, node]
         for p in BWRAP_PRIVATE:
             out += ["--tmpfs", p]
+        for p in runtime_paths(argv[0]):  # the interpreter and its libraries, where a private dir covered them
+            out += ["--ro-bind", p, p]
         # A hidden directory may hold the run's own scratch (a state dir above the work dir): hide it
         # first and bind the scratch back in; a hidden path inside a bound one is hidden after the binds.
         bound = self.bound()
@@ -178,6 +182,20 @@ class Jail:
         elif self.isolation.kind == "reaper":
             for p in self.writable:
                 chown_tree(p, self.isolation.uid, self.isolation.gid)
+
+
+def runtime_paths(python: str | None = None) -> list[str]:
+    """What a head's Python needs to start, read-only, where a private dir of the jail would hide it: the
+    interpreter (its venv, its real binary) and the installed libraries (a venv or a `--target` dir
+    under /tmp), each bound whole."""
+    python = python or sys.executable
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))  # <venv>/bin/python -> <venv>
+    found = [sys.prefix, sys.base_prefix, venv, os.path.dirname(os.path.realpath(python)), *library_paths()]
+    out: list[str] = []
+    for p in map(os.path.abspath, found):
+        if os.path.isdir(p) and any(_under(p, d) for d in BWRAP_PRIVATE) and not any(_under(p, o) for o in out):
+            out = [o for o in out if not _under(o, p)] + [p]
+    return out
 
 
 def _under(path: str, top: str) -> bool:
