@@ -388,9 +388,11 @@ def test_tree_runs_its_python_in_the_jail_with_caches_in_scratch(scratch):
 @needs_bwrap
 def test_the_heads_own_engine_resolves_a_checkpoint_into_the_box_cache_from_the_jail(scratch):
     cache = scratch.parent / f"{scratch.name}-checkpoints"
+    root = scratch / "tree"  # the head's engine in the run's scratch, as a job unpacks it (bound in the jail)
+    shutil.copytree(REPO_ROOT / "engine", root / "engine", ignore=shutil.ignore_patterns("__pycache__"))
     try:
-        tree = Tree(REPO_ROOT, scratch=scratch, jail=_bwrap_jail(scratch, hidden=(REPO_ROOT / ".regate",),
-                                                                  cache=str(cache)))
+        tree = Tree(root, scratch=scratch, jail=_bwrap_jail(scratch, hidden=(REPO_ROOT / ".regate",),
+                                                             cache=str(cache)))
         path = Path(tree.checkpoint({"preset": "tiny"}, 300))
         assert path.parent == cache and (path / "config.json").is_file()
     finally:
@@ -427,3 +429,19 @@ def test_config_isolation(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(f)
     assert str(f) in str(e.value) and "boxes[0].isolation" in str(e.value) and "'reaper'" in str(e.value)
+
+
+def test_an_interpreter_under_the_private_tmp_is_bound_back_read_only(tmp_path):
+    """A checkout and its venv under /tmp (a CI clone, the GPU box's --target dir): the jail's private /tmp
+    would hide the interpreter, so its venv is bound back, read-only, and nothing else of /tmp is."""
+    from orchestrator.box.sandbox import runtime_paths
+
+    venv = tmp_path / "repo" / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert str(tmp_path).startswith("/tmp/")
+    found = runtime_paths(str(venv / "bin" / "python"))
+    assert str(venv) in found and str(tmp_path / "repo") not in found
+    argv = Jail(Isolation("bwrap", "t"), (), ()).command([str(venv / "bin" / "python"), "-c", "pass"], "/")
+    i = argv.index(str(venv))
+    assert argv[i - 1] == "--ro-bind" and argv.index("--tmpfs") < i
