@@ -141,7 +141,7 @@ def run_jail(spec, work: Path, has_gpu: bool, parts: BoxResult, readonly: tuple[
     named, the box lock file and the trusted harness. Recorded in `parts.isolation`; JobError when the
     box can confine nothing and its config does not say `isolation: none`."""
     try:
-        iso = detect(getattr(spec.box, "isolation", "auto"))
+        iso = detect(spec.box.isolation)
     except SandboxError as e:
         raise JobError(f"box {spec.box.name} refuses to gate: {e}") from None
     parts.isolation = iso.to_json()
