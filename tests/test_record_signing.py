@@ -77,29 +77,12 @@ def test_processes_racing_at_first_use_end_with_one_whole_key(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["record-key"]
 
 
-def _loose(path):
-    path.write_text("ab" * 32 + "\n")
-    os.chmod(path, 0o640)
-
-
-def _group_writable(path):
-    path.write_text("ab" * 32 + "\n")
-    os.chmod(path, 0o620)
-
-
-def _empty(path):
-    path.write_text("")
-    os.chmod(path, 0o600)
-
-
-def _short(path):
-    path.write_text("ab" * 16 + "\n")
-    os.chmod(path, 0o600)
-
-
-def _not_hex(path):
-    path.write_text("zz" * 32 + "\n")
-    os.chmod(path, 0o600)
+def _key_file(text: str, mode: int):
+    """A key file with `text` and `mode`, written where the test puts it."""
+    def write(path):
+        path.write_text(text)
+        os.chmod(path, mode)
+    return write
 
 
 def _directory(path):
@@ -107,11 +90,11 @@ def _directory(path):
 
 
 @pytest.mark.parametrize("make, expected", [
-    (_loose, "mode 0640 lets others read it"),
-    (_group_writable, "mode 0620"),
-    (_empty, "expected one line"),
-    (_short, "expected 64 hex digits"),
-    (_not_hex, "expected 64 hex digits"),
+    (_key_file("ab" * 32 + "\n", 0o640), "mode 0640 lets others read it"),
+    (_key_file("ab" * 32 + "\n", 0o620), "mode 0620"),
+    (_key_file("", 0o600), "expected one line"),
+    (_key_file("ab" * 16 + "\n", 0o600), "expected 64 hex digits"),
+    (_key_file("zz" * 32 + "\n", 0o600), "expected 64 hex digits"),
     (_directory, "not a regular file"),
 ])
 def test_an_unusable_key_file_is_refused_naming_it(tmp_path, make, expected):
