@@ -7,8 +7,8 @@ warp-specialized wgmma kernel, weights streamed into shared memory by a producer
 one whose persistent CTAs hold x in shared memory for M <= 16 (commit 1320784), an mma.sync kernel with
 a register ring of weights (f40e3dc) and wgmma clusters sharing x by multicast (9d8c17e).
 
-Built with torch's extension tooling (`torch.utils.cpp_extension.load`, nvcc + ninja, cached under
-TORCH_EXTENSIONS_DIR) the first time it is asked for: `engine build` does that and prints the
+Built with torch's extension tooling (nvcc + ninja, under TORCH_EXTENSIONS_DIR in a directory named by
+the sources' hash, kernels/jit.py) the first time it is asked for: `engine build` does that and prints the
 marker. Reads the tile layout of kernels/tile_layout.py; its configs and per-M table are kernels/table.py's. Every call allocates through torch's caching
 allocator and launches on the current stream, so it records into CUDA graphs.
 """
@@ -104,11 +104,9 @@ def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled extension module (compiles on first use; raises if nvcc or ninja fails)."""
-    from torch.utils.cpp_extension import load
+    from kernels.jit import load_extension
 
-    return load(name="regate_nvfp4_tile_gemm", sources=[str(CSRC / s) for s in SOURCES],
-                extra_cuda_cflags=list(CUDA_FLAGS), extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
-                verbose=False)
+    return load_extension("regate_nvfp4_tile_gemm", CSRC, SOURCES, cuda_flags=CUDA_FLAGS, cflags=("-O3",))
 
 
 def wgmma_x_tiles(x: torch.Tensor, block_m: int) -> torch.Tensor:

@@ -67,6 +67,7 @@ class BoxConfig:
     required_markers: tuple[str, ...] = ()
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     isolation: str = "auto"
+    build_cache: str = "~/.cache/regate/builds"  # compiled kernels, one directory per build key (box/build_cache.py)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ class Config:
 
     def digest(self, box: BoxConfig) -> str:
         """What of the config changes a gate's meaning: the box's settings (not paths or timeouts)."""
-        blob = json.dumps(asdict(box), sort_keys=True).encode()
+        settings = {k: v for k, v in asdict(box).items() if k != "build_cache"}  # where binaries are cached
+        blob = json.dumps(settings, sort_keys=True).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -182,8 +184,8 @@ def default_db_path(where: str) -> Path:
 
 
 def _box(raw: object, where: str, key: str) -> BoxConfig:
-    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle", "isolation"),
-                 required=("name",))
+    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle", "isolation",
+                                   "build_cache"), required=("name",))
     name = _opt_str(d["name"], where, f"{key}.name")
     if not name or any(c in name for c in " :,"):
         _fail(where, f"{key}.name", "a non-empty name without spaces, ':' or ','", d["name"])
@@ -198,7 +200,8 @@ def _box(raw: object, where: str, key: str) -> BoxConfig:
     isolation = d.get("isolation", BoxConfig.isolation)
     if not isinstance(isolation, str) or isolation not in ISOLATION:
         _fail(where, f"{key}.isolation", f"one of {ISOLATION}", isolation)
-    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"), isolation)
+    cache = _str(d.get("build_cache", BoxConfig.build_cache), where, f"{key}.build_cache")
+    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"), isolation, cache)
 
 
 def _idle(raw: object, where: str, key: str) -> IdlePolicy:

@@ -102,6 +102,7 @@ class Build(Part):
     duration_s: float | None = None
     output_tail: str | None = _opt(omit_none=True)
     proof: dict | None = _opt(omit_none=True)  # marker -> the harness's probe of it (box/marker_proof.py)
+    cache: dict | None = _opt(omit_none=True)  # its build directory: {key, dir, warm} (box/build_cache.py)
 
 
 @dataclass(kw_only=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
+from typing import Callable
 
+from orchestrator.box.build_cache import BuildCacheError, build_key, evict, open_build_dir
 from orchestrator.box.tree import Tree
 
 _MARKER = re.compile(r"^\s*(?P<line>[^:\n]+: (?:ENABLED|DISABLED)\b.*?)\s*$", re.MULTILINE)
@@ -43,6 +46,30 @@ def build(tree: Tree, required: tuple[str, ...], timeout_s: float) -> dict:
     part = {"markers": markers, "required": list(required), "missing": missing_markers(markers, required),
             "duration_s": round(time.monotonic() - start, 3), "output_tail": _tail(out)}
     return part
+
+
+def build_cached(tree: Tree, cache: str, gpus: str | None, required: tuple[str, ...], timeout_s: float,
+                 lock_timeout_s: float, on_wait: Callable[[str], None] | None = None) -> dict:
+    """`build` in the tree's build directory, keyed by its kernels (`build_cache.py`): a tree whose
+    inputs equal an earlier tree's reuses its binaries. The part says which directory and whether it
+    was warm. BuildError when the directory's lock is not free within `lock_timeout_s`."""
+    key = build_key(tree.root, gpus)
+    build_dir = tree.build_dirs.get(key)  # the run's other tree has equal kernels: its directory is ours
+    if build_dir is None:
+        evict(Path(cache).expanduser())
+        try:
+            build_dir = open_build_dir(Path(cache), key, lock_timeout_s, tree.cancelled, on_wait)
+        except BuildCacheError as e:
+            raise BuildError(str(e)) from None
+    tree.use_build_dir(build_dir)  # released with the run (`release_build_dirs`)
+    return {**build(tree, required, timeout_s), "cache": build_dir.record()}
+
+
+def release_build_dirs(tree: Tree) -> None:
+    """Close the run's build directory locks (the keeper's copies go with the run's last process)."""
+    for build_dir in tree.build_dirs.values():
+        build_dir.release()
+    tree.build_dirs.clear()
 
 
 def _tail(text: str, lines: int = 30) -> str:

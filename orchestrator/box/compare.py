@@ -4,7 +4,7 @@ grid's cells with the two revisions as the two arms, under one box lock.
 Like a gate's job (`box/job.py`): each tarball's md5 is checked against the driver's, each tree is
 built by its own `engine build` and a missing required marker is refused (a degraded build measures
 the wrong engine), the keeper starts before anything is unpacked, and the lock is held from the idle
-check to the last bench, released only once no process of the run is alive. Both trees are one run
+check (before both builds: a build warms its kernels on the GPU) to the last bench, released only once no process of the run is alive. Both trees are one run
 (one token, one scratch directory, one keeper): `Tree.at`.
 
 The grid spec is read from the HEAD's tree. For one arm config of it (`arm`: its lm_head, backend,
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator.box import idle
-from orchestrator.box.build import BuildError, build
+from orchestrator.box.build import BuildError, release_build_dirs
 from orchestrator.box.grid import CHECKPOINT_TIMEOUT_S, GridJobError, TreeCommand, spec_path
-from orchestrator.box.job import HOOK_CORRUPT, JobError, held_idle_box, prove_markers, run_jail, versions
+from orchestrator.box.job import HOOK_CORRUPT, JobError, build_step, held_idle_box, prove_markers, run_jail, versions
 from orchestrator.box.lock import LockTimeout
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
 from orchestrator.driver.provenance import md5_of, unpack
-from orchestrator.record import BoxResult, Build, Compare, NotRun, Side
+from orchestrator.record import BoxResult, Compare, NotRun, Side
 
 Emit = Callable[[dict], None]
 Fetch = Callable[[int], tuple[bytes, float]]  # index 0: the base's tarball, 1: the head's
@@ -112,40 +112,27 @@ def _verified_and_compared(spec: CompareSpec, fetch: Fetch, emit: Emit, cancelle
     trees = {"base": head.at(work / "base"), "head": head}  # one run: one token, one keeper
     try:
         head.start_keeper()  # first: from here a killed job's trees are the keeper's to remove
-        t = time.monotonic()
         for side in SIDES:
             unpack(tarballs[side], trees[side].root)
-            _build(spec, side, trees[side], emit, parts)
-        parts.build = parts.compare.head.build
-        parts.timings["build_s"] = round(time.monotonic() - t, 3)
         _under_lock(spec, trees, emit, parts)
     finally:
         head.reap()
+        release_build_dirs(head)  # both trees' (one run)
         head.stop_keeper()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _build(spec: CompareSpec, side: str, tree: Tree, emit: Emit, parts: BoxResult) -> None:
-    what = f"{side} {spec.sha(side)[:12]}"
-    emit({"event": "step", "step": f"build {side}", "status": "start", "detail": spec.sha(side)[:12]})
-    try:
-        b = build(tree, spec.box.required_markers, spec.build_timeout_s)
-    except BuildError as e:
-        raise BuildError(f"the {what}: {e}") from None
-    getattr(parts.compare, side).build = Build.from_json(b)
-    emit({"event": "step", "step": f"build {side}", "status": "done",
-          "detail": "; ".join(b["markers"]) or "no markers"})
-    if b["missing"]:
-        raise JobError(f"degraded build of the {what}: required marker(s) missing: {', '.join(b['missing'])} "
-                       f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
-
-
 def _under_lock(spec: CompareSpec, trees: dict[str, Tree], emit: Emit, parts: BoxResult) -> None:
     with held_idle_box(spec, trees["head"], emit, parts):  # both trees share the head's token and keeper
-        for side in SIDES:  # GPU work: under the lock
+        t = time.monotonic()
+        for side in SIDES:  # a build warms its kernels on the GPU: under the lock
             side_part = getattr(parts.compare, side)
-            if side_part is not None and side_part.build is not None:
-                prove_markers(trees[side], side_part.build, emit, f"{side} {spec.sha(side)[:12]}")
+            build_step(spec, trees[side], emit, parts, keep=lambda b, p=side_part: setattr(p, "build", b), side=side)
+            if side == "head":
+                parts.build = side_part.build
+        parts.timings["build_s"] = round(time.monotonic() - t, 3)
+        for side in SIDES:
+            prove_markers(trees[side], getattr(parts.compare, side).build, emit, f"{side} {spec.sha(side)[:12]}")
         t = time.monotonic()
         parts.grid = run_compare_grid(spec, trees, emit)
         parts.timings["grid_s"] = round(time.monotonic() - t, 3)

@@ -1,4 +1,8 @@
-"""The job body that runs on a box: verify, unpack, build, lock, idle check, residency, suites, pins, grid.
+"""The job body that runs on a box: verify, unpack, lock, idle check, build, residency, suites, pins, grid.
+
+Everything that runs GPU code runs under the box lock, the build included (it warms and checks its
+kernels on the GPU); the build's directory is keyed by the tree's kernels (`build_cache.py`), so on a
+warm box a build whose kernels were built before costs a load, not a compile.
 
 Plain Python over plain data: Ray stays in `driver/placement.py`, which runs this in a task and streams
 the events it emits back to the driver. The result is the box's part of the run record; a failure of
@@ -26,7 +30,7 @@ from gates.manifest import ManifestError, load_manifest
 from gates.sacred import check_sacred, trusted_root
 from gates.trusted import GateSet, gate_set
 from orchestrator.box import idle
-from orchestrator.box.build import BuildError, build
+from orchestrator.box.build import BuildError, build_cached, release_build_dirs
 from orchestrator.box.grid import GridJobError, run_tree_grid
 from orchestrator.box.judge import Judge
 from orchestrator.box.lock import LockTimeout, box_lock
@@ -117,19 +121,13 @@ def _verified_and_gated(spec, fetch, emit, cancelled, parts: BoxResult, has_gpu)
     try:
         tree.start_keeper()  # first: from here a killed job's tree and temp dirs are the keeper's to remove
         unpack(tarball, tree.root)
-        emit({"event": "step", "step": "build", "status": "start"})
-        b = build(tree, spec.box.required_markers, spec.build_timeout_s)
-        parts.build, parts.timings["build_s"] = Build.from_json(b), b["duration_s"]
-        emit({"event": "step", "step": "build", "status": "done", "detail": "; ".join(b["markers"]) or "no markers"})
-        if b["missing"]:
-            raise JobError(f"degraded build: required marker(s) missing: {', '.join(b['missing'])} "
-                           f"(the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
         gates = _gate_set(tree.root, spec)
         parts.gate_set = GateSetCheck.from_json(gates.record())
         parts.sacred = _sacred(tree.root, spec)
         _under_lock(spec, tree, gates, emit, parts, has_gpu, judge)
     finally:
-        tree.reap()  # a build or a step that ran outside the lock leaves nothing behind either
+        tree.reap()  # a step that ran outside the lock leaves nothing behind either
+        release_build_dirs(tree)
         tree.stop_keeper()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(judge_dir, ignore_errors=True)
@@ -188,8 +186,33 @@ def prove_markers(tree: Tree, build_part: Build, emit: Emit, what: str = "build"
                        f"{verdict.get('why')}")
 
 
+def build_step(spec, tree: Tree, emit: Emit, parts: BoxResult, keep: Callable[[Build], None],
+               side: str | None = None) -> Build:
+    """The tree's `engine build` in its keyed build directory, under the box lock (the build warms its
+    kernels on the GPU), handed to `keep` before a degraded build (a required marker missing) raises
+    JobError. `side`: which revision of a comparison, None for a gate."""
+    step, what = ("build", "build") if side is None else (f"build {side}", f"the {side} {spec.sha(side)[:12]}")
+    emit({"event": "step", "step": step, "status": "start", "detail": "" if side is None else spec.sha(side)[:12]})
+    on_wait = lambda msg: emit({"event": "step", "step": step, "status": "waiting", "detail": msg})  # noqa: E731
+    try:
+        b = build_cached(tree, spec.box.build_cache, parts.box.get("gpu"), spec.box.required_markers,
+                         spec.build_timeout_s, spec.lock_timeout_s, on_wait)
+    except BuildError as e:
+        raise BuildError(str(e) if side is None else f"{what}: {e}") from None
+    part = Build.from_json(b)
+    keep(part)
+    parts.timings[f"{step.replace(' ', '_')}_s"] = b["duration_s"]
+    emit({"event": "step", "step": step, "status": "done",
+          "detail": f"{'; '.join(b['markers']) or 'no markers'} ({'warm' if b['cache']['warm'] else 'cold'} build dir)"})
+    if b["missing"]:
+        raise JobError(f"degraded build{'' if side is None else ' of ' + what}: required marker(s) missing: "
+                       f"{', '.join(b['missing'])} (the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
+    return part
+
+
 def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: Judge) -> None:
     with held_idle_box(spec, tree, emit, parts):
+        build_step(spec, tree, emit, parts, keep=lambda b: setattr(parts, "build", b))
         prove_markers(tree, parts.build, emit)
         parts.residency = _residency(spec, tree, emit, parts)
         t = time.monotonic()

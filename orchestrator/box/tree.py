@@ -29,11 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from grids.jsonline import last_json_object
+from orchestrator.box.build_cache import BuildDir
 from orchestrator.box.sandbox import Jail
 from orchestrator.pyboot import isolated_python, library_paths
 
@@ -92,6 +93,8 @@ class Tree:
         if self.confined and scratch is None:
             raise ValueError("a jailed tree needs a scratch directory: its caches and temp files go there")
         self._keeper: socket.socket | None = None
+        self.build_dir: BuildDir | None = None  # its compiler caches, keyed by its kernels (build_cache.py)
+        self.build_dirs: dict[str, BuildDir] = {}  # every one the run holds, by key (shared with `at`)
 
     @property
     def confined(self) -> bool:
@@ -100,8 +103,18 @@ class Tree:
     def at(self, root: Path) -> "Tree":
         """The same run in another tree (a mutation's copy): same token, cancel, scratch, jail and keeper."""
         other = Tree(root, self.token, self.cancelled, self.python, self.scratch, self.jail)
-        other._keeper = self._keeper
+        other._keeper, other.build_dirs = self._keeper, self.build_dirs
         return other
+
+    def use_build_dir(self, build_dir: BuildDir) -> None:
+        """From here the tree's processes compile into `build_dir` (bound writable in a jail) and its
+        lock lives as long as the run's processes: the keeper holds a copy."""
+        self.build_dir = build_dir
+        if self.confined:
+            self.jail = replace(self.jail, writable=(*self.jail.writable, str(build_dir.path)))
+        if build_dir.key not in self.build_dirs:
+            self.build_dirs[build_dir.key] = build_dir
+            self.hold(build_dir.fd)
 
     def tempdir(self, prefix: str) -> tempfile.TemporaryDirectory:
         """A temp dir of the run, inside its scratch directory: removed on exit, or by the keeper if the
@@ -117,6 +130,8 @@ class Tree:
         env[TOKEN_ENV] = self.token
         if self.confined:
             env |= self.jailed_dirs()
+        if self.build_dir is not None:
+            env |= self.build_dir.env()
         return env | (extra or {})
 
     def jailed_dirs(self) -> dict[str, str]:
