@@ -125,7 +125,10 @@ def run_grid(spec: GridSpec, *, bench: Run | None = None, checkpoint: Checkpoint
         raise GridError(f"{spec.source}: the spec asks for attribution, and no attribute runner was given")
     result = _empty_result(spec, bench_command, until_binding, cap)
     for i, cell in enumerate(spec.cells):
-        result["cells"].append(_empty_cell(spec, cell, _model_dir(spec, i, checkpoint)))
+        started = time.perf_counter()
+        model_dir = _model_dir(spec, i, checkpoint)
+        result["cells"].append({**_empty_cell(spec, cell, model_dir),
+                                "checkpoint_s": round(time.perf_counter() - started, 3)})
     leg = 0
     while active := _cells_needing_a_leg(spec, result["cells"], leg, until_binding, cap):
         for i in active:

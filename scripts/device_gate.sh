@@ -5,11 +5,16 @@
 #
 # Here, on the driving machine, once per commit to gate:
 #   bash scripts/device_gate.sh bundle      # HEAD's history as .regate-bundle/repo.bundle (git-ignored)
-#   bash ../shared/tools/device-wheels.sh croniter python-dateutil pytz six   # .whl/: Ray etc. for the box
+#   bash ../shared/tools/device-wheels.sh croniter python-dateutil pytz six filelock   # .whl/: Ray, filelock 4 etc.
 # On the GPU box (a device run with carry [".whl", ".regate-bundle"]), stages in the order given:
 #   gate     clone the bundle to a fresh dir; `orchestrator gate --head HEAD --json $GATE_ARGS` there (the
 #            sandbox needs bwrap: carry .debs/ from ../shared/tools/device-debs.sh bubblewrap libcap2); the JSON line,
 #            rc, wall seconds and sha; the record and HTML report under $OUT
+#   compare  `orchestrator compare --base $COMPARE_BASE --head HEAD --grid $GRID_SPEC --json` on the clone (default
+#            base HEAD~1, grid grids/lmhead-64.yaml: full depth); the JSON line, rc, wall seconds; the record
+#            (phases: builds warm or cold, lock wait, each leg) under $OUT/compare_record.json
+#   killcompare  a compare killed (SIGKILL of its process group) $KILL_AFTER_S (default 150) seconds in, then
+#            `compare` again on the same box: the second must start and complete
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
 #   grid     `orchestrator grid $GRID_SPEC $GRID_ARGS` (default --until-binding) on the clone, no suites (default grids/lmhead-64.yaml:
 #            packed vs dequant head at batch 1 on the full 64-layer shape); the grid's JSON under $OUT
@@ -115,6 +120,32 @@ stage_grid() {  # a throughput grid alone on the clone (no suites): $GRID_SPEC, 
   grep -v -e gcs_client -e 'Token authentication' "$OUT/grid.stderr" | tail -30; cat "$OUT/grid.stdout"
   echo "grid rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
   return $rc
+}
+
+stage_compare() {
+  install_wheels && clone || return 1
+  local t0=$SECONDS rc tag=${COMPARE_TAG:-compare}
+  in_clone $PY -m orchestrator.cli compare --base "${COMPARE_BASE:-HEAD~1}" --head HEAD \
+    --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" --json > "$OUT/$tag.stdout" 2> "$OUT/$tag.stderr"; rc=$?
+  grep -v -e gcs_client -e 'Token authentication' "$OUT/$tag.stderr" | tail -30
+  echo "$tag rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
+  tail -1 "$OUT/$tag.stdout" | tee "$OUT/$tag.json"
+  local run; run=$($PY -c "import json; print(json.loads(open('$OUT/$tag.json').read())['run_id'])" 2>/dev/null)
+  [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" > "$OUT/${tag}_show.txt" 2>/dev/null
+  [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" --json > "$OUT/${tag}_record.json" 2>/dev/null
+  return $rc
+}
+
+stage_killcompare() {  # a compare killed mid-run, then a compare on the same box must complete
+  install_wheels && clone || return 1
+  (cd "$CLONE" && PYTHONPATH=/tmp/site:$CLONE setsid $PY -m orchestrator.cli compare --base "${COMPARE_BASE:-HEAD~1}" \
+    --head HEAD --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" > "$OUT/killed.stdout" 2>&1) &
+  local pid=$!
+  sleep "${KILL_AFTER_S:-150}"
+  pkill -9 -s "$(ps -o sid= -p "$(pgrep -P $pid | head -1)" | tr -d ' ')" 2>/dev/null || kill -9 $pid
+  wait $pid 2>/dev/null
+  echo "killed after ${KILL_AFTER_S:-150} s; its last lines:"; tail -5 "$OUT/killed.stdout"
+  COMPARE_TAG=after_kill stage_compare
 }
 
 stage_pins() {  # after `gate`, which ran the suites unmutated on this tree: no second baseline

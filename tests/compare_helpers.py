@@ -76,7 +76,8 @@ def two_commits(root: Path, base_rate: float, head_rate: float, legs: int = 3,
 
 
 def box(tmp_path: Path, required_markers: tuple[str, ...] = (), isolation: str = "auto") -> BoxConfig:
-    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"), required_markers=required_markers, isolation=isolation)
+    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"), required_markers=required_markers, isolation=isolation,
+                     build_cache=str(tmp_path / "builds"))
 
 
 def config(tmp_path: Path, required_markers: tuple[str, ...] = (), isolation: str = "auto") -> Config:

@@ -101,4 +101,4 @@ def gate_without_ray(repo: Path, tmp_path: Path, **job) -> dict:
 
 
 def _box(tmp_path: Path) -> BoxConfig:
-    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"))
+    return BoxConfig("A", lock_path=str(tmp_path / "A.lock"), build_cache=str(tmp_path / "builds"))

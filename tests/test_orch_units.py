@@ -220,11 +220,12 @@ def test_stale_running_rows_become_lost(tmp_path):
 def test_lock_waits_for_flock_then_proceeds(tmp_path):
     path = tmp_path / "gpu.lock"
     holder = flock_holder(path, 1.0)
+    inode = path.stat().st_ino
     waits = []
-    with box_lock(str(path), 60, waits.append) as held:
+    with box_lock(str(path), 60, waits.append) as held:  # filelock (pinned): flock(2) on the same file
         assert not lock_free(path) and holder.poll() is not None  # we hold it only after the person let go
     assert held["wait_s"] > 0 and waits and "held by another process" in waits[0]
-    assert lock_free(path) and path.exists()  # released, and the file stays (same inode for flock users)
+    assert lock_free(path) and path.stat().st_ino == inode  # released; the file stays, the same inode
 
 
 def test_lock_times_out_and_releases_on_error(tmp_path):

@@ -132,7 +132,8 @@ def _under_lock(spec: CompareSpec, trees: dict[str, Tree], emit: Emit, parts: Bo
                 parts.build = side_part.build
         parts.timings["build_s"] = round(time.monotonic() - t, 3)
         for side in SIDES:
-            prove_markers(trees[side], getattr(parts.compare, side).build, emit, f"{side} {spec.sha(side)[:12]}")
+            prove_markers(trees[side], getattr(parts.compare, side).build, emit, f"{side} {spec.sha(side)[:12]}",
+                          parts.timings)
         t = time.monotonic()
         parts.grid = run_compare_grid(spec, trees, emit)
         parts.timings["grid_s"] = round(time.monotonic() - t, 3)

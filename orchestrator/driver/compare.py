@@ -201,11 +201,13 @@ def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:
     judge_record(record)
     record.report_path = str(report.report_path(config.reports_dir, record))
     db.finish(conn, record, sync=_owed_sync())
+    t = time.monotonic()
     try:
         report.render(record, config.reports_dir)
     except Exception as e:  # a report bug must not lose a result
         record.report_path = None
         record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
-        db.store(conn, record)
     _render_index(conn, config.reports_dir)
+    record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
+    db.store(conn, record)
     return record

@@ -175,10 +175,12 @@ def finish_run(config: Config, conn, record: Record, t0: float,
     record.timings["total_s"] = round(time.monotonic() - t0, 3)
     record.report_path = str(Path(config.reports_dir) / _report_name(record))  # where it will be
     db.finish(conn, record, sync=_owed_sync())
+    t = time.monotonic()
     if not _render(conn, record, config.reports_dir):
-        record.report_path = None
-        db.store(conn, record)  # the row says why there is no report
+        record.report_path = None  # the row says why there is no report
     _render_index(conn, config.reports_dir)
+    record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
+    db.store(conn, record)
     return record
 
 

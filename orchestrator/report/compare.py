@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from grids.spec import Policy
+from orchestrator.report.phases import phases
 from orchestrator.record import Compare, Record, Side
 from orchestrator.report import claims as claims_mod
 from orchestrator.report.render import report_name, write_atomic
@@ -60,7 +61,8 @@ def _side(side: Side) -> dict:
             "md5_box": side.md5_box, "archive_bytes": side.archive_bytes,
             "md5_match": None if not (side.md5_driver and side.md5_box) else side.md5_driver == side.md5_box,
             "markers": build.markers if build else [], "missing": build.missing if build else [],
-            "build_s": build.duration_s if build else None}
+            "build_s": build.duration_s if build else None,
+            "build_dir": ("warm" if build.cache.get("warm") else "cold") if build and build.cache else None}
 
 
 def _cells(record: Record) -> list[dict]:
@@ -97,7 +99,7 @@ def view(record: Record | dict) -> dict:
             "date": record.finished_at or record.created_at,
             "base": _side(comp.base), "head": _side(comp.head), "cells": _cells(record),
             "established": established, "owed": owed, "not_run": claims_mod.not_run(record),
-            "lock": record.lock.to_json() if record.lock else None, "timings": record.timings}
+            "lock": record.lock.to_json() if record.lock else None, "phases": phases(record)}
 
 
 def report_path(reports_dir, record: Record) -> Path:

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from orchestrator.record import Record
 from orchestrator.report import claims as claims_mod
+from orchestrator.report.phases import phases
 from orchestrator.report.view import when
 
 STATE_STYLE = {"PASSED": "bold green", "FAILED": "bold red", "ERROR": "bold yellow", "LOST": "bold yellow",
@@ -172,7 +173,7 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
            Text.assemble("state    ", (record.shown_state, style)),
            Text(f"         {exit_meaning(record)}"),
            _head(record), Text(_box(record)), Text(_judged(record)), Text(_times(record))]
-    for part in (_suite_lines(record), _grid_lines(record), _owed_lines(record, owed)):
+    for part in (_suite_lines(record), _grid_lines(record), _phase_lines(record), _owed_lines(record, owed)):
         if part:
             out += [Text("")] + part
     skipped = claims_mod.not_run(record)
@@ -184,6 +185,28 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
         out.append(Text.assemble(("error: ", "bold red"), record.error))
     out.append(Text(f"report: {record.report_path or 'none written'}"))
     return out
+
+
+def _phase_lines(record: Record) -> list[Text]:
+    """Where the wall time went (`phases.py`), one phase a line; the build directory, warm or cold."""
+    rows = phases(record)
+    if not rows:
+        return []
+    out = [Text("phases", style="bold")]
+    for name, seconds in rows:
+        out.append(Text(f"  {name:<28} {seconds:8.1f} s", style="bold" if name == "total" else ""))
+    builds = [(side, b) for side, b in _builds(record) if b is not None and b.cache]
+    for side, b in builds:
+        out.append(Text(f"  build dir{side}: {'warm' if b.cache.get('warm') else 'cold'} {b.cache.get('dir')}"))
+    return out
+
+
+def _builds(record: Record) -> list:
+    comp = record.compare
+    if comp is not None and (comp.base is not None or comp.head is not None):
+        return [(f" {side}", getattr(getattr(comp, side), "build", None)) for side in ("base", "head")
+                if getattr(comp, side) is not None]
+    return [("", record.build)]
 
 
 def print_summary(record: Record, owed: list[dict] | None = None, console: Console | None = None) -> None:
