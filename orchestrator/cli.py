@@ -88,10 +88,33 @@ def main() -> None:
     except _CLICK.ClickException as e:  # a bad file argument and the like: no usage line to show
         typer.echo(error_line(e.format_message()), err=True)
         sys.exit(e.exit_code)
-    except (typer.Abort, _CLICK.Abort):  # EOF at a prompt
+    except _ABORT:  # EOF at a prompt
         typer.echo(error_line("aborted"), err=True)
         sys.exit(1)
+    except Exception as e:  # a full disk, a bug: infrastructure (exit 2, never the FAILED code), said plainly
+        _crashed(e)
     sys.exit(code or 0)
+
+
+# typer's copy of click has no Abort beside BadParameter; the except tuple is evaluated only while an
+# exception is handled, so a missing name there turned every escaping exception into an AttributeError
+# and exit 1.
+_ABORT = tuple({a for a in (getattr(typer, "Abort", None), getattr(_CLICK, "Abort", None)) if a is not None})
+
+
+def _crashed(e: Exception) -> None:
+    """An exception no command handled: its traceback's tail and the error line on stderr, the JSON
+    line on stdout when --json was asked for (a CI job parses it), exit 2."""
+    import json
+    import traceback
+
+    message = f"internal error: {type(e).__name__}: {e}"
+    typer.echo("".join(traceback.format_exception(e, limit=-6)).rstrip(), err=True)
+    typer.echo(error_line(message), err=True)
+    if "--json" in sys.argv[1:]:
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        print(json.dumps({"kind": command, "state": "ERROR", "exit_code": 2, "error": message}), flush=True)
+    sys.exit(2)
 
 
 def _usage_error(e) -> None:

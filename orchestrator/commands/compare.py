@@ -20,7 +20,7 @@ from orchestrator.box.idle import gpus
 from orchestrator.commands.gate import HOOKS_ENV, ProgressPrinter
 from orchestrator.config import ConfigError, load_config
 from orchestrator.driver.compare import DEFAULT_GRID, CompareRequestError, exit_code, run_compare
-from orchestrator.driver.provenance import ProvenanceError
+from orchestrator.driver.provenance import ProvenanceError, cwd_path
 from orchestrator.errors import error_line
 from orchestrator.ray_log import ray_output_to_log
 from orchestrator.record import Record
@@ -86,7 +86,7 @@ def compare(
     try:
         cfg = load_config(config, gpus=len(gpus()))
         with ray_output_to_log() as ray_log:
-            record = run_compare(cfg, base, head, repo, box, grid, arm, printer, address, hooks)
+            record = run_compare(cfg, base, head, repo, box, cwd_path(grid), arm, printer, address, hooks)
     except (ConfigError, ProvenanceError, CompareRequestError) as e:
         printer.stop()
         _fail(err, str(e), as_json)

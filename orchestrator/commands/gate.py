@@ -25,7 +25,7 @@ from orchestrator.ray_log import ray_output_to_log
 from orchestrator.state_dir import CONFIG_HELP, logs_dir
 from orchestrator.driver.gate import exit_code, run_gate
 from orchestrator.box.idle import gpus
-from orchestrator.driver.provenance import ProvenanceError
+from orchestrator.driver.provenance import ProvenanceError, cwd_path
 from orchestrator.driver.grid_check import RequestError
 from orchestrator.record import SCHEMA_VERSION, Record
 
@@ -120,7 +120,8 @@ def gate(
     box: Optional[str] = typer.Option(None, "--box", metavar="NAME",
                                       help="box to run on (default: the config's default)"),
     grid: Optional[str] = typer.Option(None, "--grid", metavar="SPEC",
-                                       help="throughput grid spec to run under the same lock"),
+                                       help="throughput grid spec to run under the same lock (a path from this folder or "
+                                                    "the repository's root, or a name in grids/)"),
     address: Optional[str] = typer.Option(None, "--address", metavar="HOST:PORT",
                                           help="Ray cluster to join (else $RAY_ADDRESS)"),
     force: bool = typer.Option(False, "--force", help="re-run even if an identical gate is recorded"),
@@ -144,7 +145,7 @@ def gate(
     try:
         cfg = load_config(config, gpus=len(gpus()))
         with ray_output_to_log() as ray_log:
-            record = run_gate(cfg, head, repo, box, grid, force, printer, address, hooks, accept_sacred,
+            record = run_gate(cfg, head, repo, box, grid and cwd_path(grid), force, printer, address, hooks, accept_sacred,
                               accept_gate_change, trusted_ref)
     except (ConfigError, ProvenanceError, ManifestError, RequestError) as e:
         printer.stop()

@@ -75,11 +75,20 @@ def _refuse_dirty_ambiguity(repo: Path, rev: str, sha: str) -> None:
 def archive(repo: str | Path, rev: str) -> Archive:
     """Resolve `rev` and `git archive` it: the tarball shipped to the box, with its md5."""
     sha = resolve(repo, rev)
-    r = _git(Path(repo), "archive", "--format=tar", sha)
+    # At the root: `git archive` run in a subfolder archives only that subfolder.
+    top = _git(Path(repo), "rev-parse", "--show-toplevel").stdout.decode().strip()
+    r = _git(Path(top), "archive", "--format=tar", sha)
     if r.returncode != 0:
         raise ProvenanceError(f"{repo}: git archive {sha[:12]} failed: {r.stderr.decode().strip()}")
-    top = _git(Path(repo), "rev-parse", "--show-toplevel").stdout.decode().strip()
     return Archive(rev, sha, top, r.stdout, md5_of(r.stdout))
+
+
+def cwd_path(arg: str) -> str:
+    """A path the user typed, as the CLI takes it: relative to the current folder when it names a file
+    there (then absolute, so `repo_relative` maps it into the repository), else as given (a path from
+    the repository's root, or a spec's bare name)."""
+    p = Path(arg)
+    return str(p.resolve()) if not p.is_absolute() and p.is_file() else arg
 
 
 def read_member(tarball: bytes, name: str) -> bytes | None:
