@@ -88,6 +88,7 @@ def test_established_regression_exits_1_and_writes_markdown(repo, tmp_path):
     assert line["kind"] == "compare" and line["state"] == "FAILED" and line["outcome"] == "regression"
     assert line["base"]["md5_driver"] == line["base"]["md5_box"] and line["head"]["md5_driver"] == line["head"]["md5_box"]
     assert line["cells"][0]["ratio"] == pytest.approx(0.9)
+    assert r.stdout.strip().splitlines()[-2] == f"regression: run {line['run_id']}  report: {line['report_path']}"
     assert md.read_text().startswith("**regate compare: REGRESSION established**")
     report = here / line["report_path"]
     assert report.is_file() and report.with_suffix(".md").is_file()

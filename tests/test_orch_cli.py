@@ -46,6 +46,8 @@ def test_gate_head_of_this_repo_end_to_end(tmp_path):
     r = _orch(["gate", "--head", "HEAD", "--json"], clone, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
+    # for a CI log: the state line on stdout, one line (a pipe never wraps), then the JSON line
+    assert r.stdout.strip().splitlines()[-2] == f"{line['state']}: run {line['run_id']}  report: {line['report_path']}"
     sha = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert line["head_sha"] == sha.strip() and line["exit_code"] == 0
     assert line["md5_head"] == line["md5_box"] and line["backend"] in ("cpu", "cuda")

@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from orchestrator import terminal
 from orchestrator.box.idle import gpus
 from orchestrator.commands.gate import HOOKS_ENV, ProgressPrinter
 from orchestrator.config import ConfigError, load_config
@@ -53,8 +54,12 @@ def _final_lines(record: Record, console: Console, ray_log=None) -> None:
         console.print(error_line(record.error), highlight=False, markup=False)
     if ray_log is not None and record.state in ("ERROR", "LOST"):  # where Ray's side of it is
         console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
-    console.print(f"{(comp.outcome if comp else None) or record.state}: run {record.run_id}  report: "
-                  f"{record.report_path}", highlight=False, markup=False)
+
+
+def state_line(record: Record) -> str:
+    """The last line a person or a CI log reads, on stdout (before the JSON line, if any)."""
+    comp = record.compare
+    return f"{(comp.outcome if comp else None) or record.state}: run {record.run_id}  report: {record.report_path}"
 
 
 def _fail(err: Console, message: str, as_json: bool) -> None:
@@ -80,7 +85,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
 ) -> None:
     """Compare two commits on one box (asv continuous): exit 1 on an established slowdown of the head."""
-    err = Console(stderr=True, soft_wrap=True)
+    err = terminal.console(stderr=True)
     hooks = tuple(h for h in os.environ.get(HOOKS_ENV, "").split(",") if h)
     printer = ProgressPrinter(err)
     try:
@@ -95,6 +100,7 @@ def compare(
     _final_lines(record, err, kept)
     if markdown is not None:
         _write_markdown(record, markdown, err, as_json)
+    print(state_line(record))
     if as_json:
         print(json.dumps(summary(record)))
     sys.stdout.flush()

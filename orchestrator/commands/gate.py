@@ -21,6 +21,7 @@ from rich.console import Console
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
 from orchestrator.errors import error_line, say
+from orchestrator.terminal import console
 from orchestrator.ray_log import ray_output_to_log
 from orchestrator.state_dir import CONFIG_HELP, logs_dir
 from orchestrator.driver.gate import exit_code, run_gate
@@ -110,7 +111,11 @@ def _final_lines(record: Record, console: Console, ray_log=None) -> None:
         console.print(error_line(record.error), highlight=False, markup=False)
     if ray_log is not None and record.state in ("ERROR", "LOST"):  # where Ray's side of it is
         console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
-    console.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
+
+
+def state_line(record: Record) -> str:
+    """The last line a person or a CI log reads, on stdout (before the JSON line, if any)."""
+    return f"{record.shown_state}: run {record.run_id}  report: {record.report_path}"
 
 
 def gate(
@@ -139,7 +144,7 @@ def gate(
                                       help="exit 1 on a partial pass (a suite of the manifest not run on this box)"),
 ) -> None:
     """Gate a head: provenance, build, box lock, suites (and a grid), record and report."""
-    err = Console(stderr=True, soft_wrap=True)
+    err = console(stderr=True)
     hooks = tuple(h for h in os.environ.get(HOOKS_ENV, "").split(",") if h)
     printer = ProgressPrinter(err)
     try:
@@ -156,6 +161,7 @@ def gate(
     printer.stop()
     kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
     _final_lines(record, err, kept)
+    print(state_line(record))
     if as_json:
         print(json.dumps(summary(record)))
     sys.stdout.flush()

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from grids.runner import GridError, Progress, refuse_unbindable, run_grid
 from grids.spec import LIMITS, GridSpec, SpecError, load_spec
+from orchestrator import terminal
 from orchestrator.box.grid import runners
 from orchestrator.box.tree import Tree, TreeRunError
 from orchestrator.commands.verdict import render
@@ -56,7 +57,7 @@ def grid_cmd(
                                          help="Command that starts one bench (default: python -m engine.cli bench)."),
     config: str | None = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
 ) -> None:
-    log = Console(stderr=True, log_path=False)
+    log = terminal.console(stderr=True, log_path=False)
     spec, cfg = _checked(spec_path, max_legs, backend, until_binding, config)
     here = runners(Tree(Path.cwd()), tuple(shlex.split(bench_cmd)) if bench_cmd else None)
     run = GridRun(cfg, Path.cwd(), out)
@@ -72,13 +73,13 @@ def grid_cmd(
     except Exception as e:  # a bug must still end the row, not leave it RUNNING until it is LOST
         error = f"crashed: {type(e).__name__}: {e}"
     record = run.finish(result, error)
-    log.print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", highlight=False)
+    print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", flush=True)
     if error:
         fail(error)
     if as_json:
         typer.echo(json.dumps(result))
         return
-    console = Console()
+    console = terminal.console()
     for cell in result["cells"]:
         render(cell["verdict"], console, title=f"{result['spec']}: {cell['cell']['label']}")
 

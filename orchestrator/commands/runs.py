@@ -8,14 +8,12 @@ Both reconcile first: a QUEUED or RUNNING row whose driver stopped beating for `
 from __future__ import annotations
 
 import json
-import sys
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from orchestrator import db
+from orchestrator import db, terminal
 from orchestrator.config import ConfigError, load_config
 from orchestrator.report.summary import print_summary
 from orchestrator.errors import fail
@@ -57,7 +55,7 @@ def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", 
         what = " ".join(f"{s.name}:{s.state}" for s in r.suites) or grid
         head = (r.head.sha or "no commit")[:12] + (" dirty" if r.head.dirty else "")
         table.add_row(r.run_id, r.kind, r.shown_state, head, str(r.box.name), str(r.created_at), what)
-    Console(width=None if sys.stdout.isatty() else 200).print(table)  # full run ids in logs and pipes
+    terminal.console().print(table)  # full run ids in logs and pipes
 
 
 def show(run: str = typer.Argument(..., metavar="RUN", help="run id (a unique prefix is enough)"),

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grids.verdict import MAX_PROJECTED_LEGS, VerdictError, judge, percent
+from orchestrator import terminal
 from orchestrator.errors import fail
 
 
@@ -88,7 +89,7 @@ def verdict_cmd(
     if as_json:
         typer.echo(json.dumps(verdict))
     else:
-        render(verdict, Console())
+        render(verdict, terminal.console())
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,6 @@
-"""An exception no command handles (a full disk, a bug) is infrastructure: exit 2, never the FAILED code 1,
-the error line on stderr, and with --json the JSON line a CI job parses on stdout."""
+"""What a CI job reads: an exception no command handles (a full disk, a bug) is infrastructure, exit 2,
+never the FAILED code 1, the error line on stderr, and with --json the JSON line on stdout; output to a
+pipe is never wrapped. (The final state line on stdout: tests/test_orch_cli.py, test_compare_cli.py.)"""
 from __future__ import annotations
 
 import json
@@ -44,3 +45,18 @@ def test_without_json_it_still_exits_2_and_prints_no_json(tmp_path):
     res = _crash(tmp_path)
     assert res.returncode == 2 and not res.stdout.strip()
     assert "No space left on device" in res.stderr
+
+
+def test_a_pipe_gets_long_lines_and_tables_whole():
+    code = ("from rich.table import Table\n"
+            "from orchestrator.terminal import console\n"
+            "c = console()\n"
+            "c.print('report: /a/' + 'x' * 300 + '.html')\n"
+            "t = Table('run', 'state')\n"
+            "t.add_row('20261207T000000Z-' + 'f' * 120, 'PASSED')\n"
+            "c.print(t)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    lines = res.stdout.splitlines()
+    assert lines[0] == "report: /a/" + "x" * 300 + ".html"
+    assert any("20261207T000000Z-" + "f" * 120 in line for line in lines), res.stdout
+    assert "\x1b[" not in res.stdout
