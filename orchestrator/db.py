@@ -189,12 +189,17 @@ def _mac(conn: sqlite3.Connection, run_id: str, state: str, blob: str) -> str | 
 
 
 def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
-    """RUNNING/QUEUED rows whose driver stopped beating (a killed driver) become LOST. Returns their ids."""
+    """RUNNING/QUEUED rows whose driver stopped beating (a killed driver) become LOST. Returns their ids.
+
+    A job waiting in the service's queue (`service_jobs`, not started) has no driver to beat: it waits,
+    durably, for the next `orchestrator serve`, however long the service is stopped."""
     cutoff = time.time() - stale_s
     lost = []
+    waiting = (" AND run_id NOT IN (SELECT run_id FROM service_jobs WHERE started_at IS NULL)"
+               if _has_table(conn, "service_jobs") else "")
     with transaction(conn):
         rows = conn.execute("SELECT run_id, record FROM runs WHERE state IN ('QUEUED', 'RUNNING')"
-                            " AND heartbeat < ?", (cutoff,)).fetchall()
+                            " AND heartbeat < ?" + waiting, (cutoff,)).fetchall()
         for run_id, blob in rows:
             rec = load(blob)
             rec.state, rec.finished_at = "LOST", utc_now()
@@ -202,6 +207,10 @@ def mark_stale_lost(conn: sqlite3.Connection, stale_s: float) -> list[str]:
             store(conn, rec)
             lost.append(run_id)
     return lost
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,24 @@ def test_queued_jobs_survive_a_restart_and_the_stale_sweep(env):
     assert q.claim_next(conn, "boxa").run_id == rec.run_id
 
 
+def test_queued_jobs_survive_a_stopped_service_and_a_runs_in_between(env):
+    """`orchestrator runs` (db.mark_stale_lost, no service running, long past stale_s) must not lose
+    the service's queue: the jobs stay QUEUED and the next serve claims them."""
+    config, repo, _, conn = env
+    waiting = [q.enqueue(conn, config, repo, "main", "boxa", grid, False, "api")[0] for grid in (None, "smoke")]
+    conn.execute("UPDATE runs SET heartbeat = ?", (time.time() - 3600,))  # the service stopped an hour ago
+    assert db.mark_stale_lost(conn, stale_s=60) == []
+    assert [db.state_of(conn, r.run_id) for r in waiting] == ["QUEUED", "QUEUED"]
+    q.release_unstarted(conn)  # the next serve
+    assert [q.claim_next(conn, "boxa").run_id for _ in waiting] == [r.run_id for r in waiting]
+    # a CLI gate's own QUEUED row (not the service's) whose driver died is still LOST
+    rec = db.get(conn, waiting[0].run_id)
+    rec.run_id = "cli-run"
+    db.insert_queued(conn, rec, "cli-key")
+    conn.execute("UPDATE runs SET heartbeat = ? WHERE run_id = 'cli-run'", (time.time() - 3600,))
+    assert db.mark_stale_lost(conn, stale_s=60) == ["cli-run"]
+
+
 def test_has_binding_grid(env):
     config, repo, sha, conn = env
 
