@@ -213,3 +213,26 @@ def test_the_compare_page_opens_in_chromium_without_console_errors(tmp_path):
     assert console_messages(run.stderr) == [], "console messages in the browser"
     assert "Compare report" in run.stdout and base in run.stdout and head in run.stdout
     assert "regression" in run.stdout and "<script" not in run.stdout
+
+
+def test_show_runs_and_the_json_line_name_the_base_and_each_cells_claims(tmp_path):
+    from orchestrator.commands.compare import summary
+    from orchestrator.commands.runs import runs as runs_cmd
+    from orchestrator.report.summary import lines
+    repo, base, head = two_commits(tmp_path / "repo", 10.0, 9.0, legs=3)
+    record, _ = compare_without_ray(repo, tmp_path)
+    shown = [str(t) for t in lines(record)]
+    assert f"base     {base[:12]} (HEAD~1)" in shown and any(head[:12] in s for s in shown)
+    (cell,) = summary(record)["cells"]
+    assert cell["direction"]["state"] == "established" and cell["direction"]["winner"] == "base"
+    assert cell["magnitude"]["state"] == "binding" and cell["magnitude"]["ratio"] == pytest.approx(0.9)
+    assert cell["magnitude"]["ci"][1] < 0.98 and cell["outcome"] == "regression"
+    cfg = tmp_path / "orchestrator.yaml"
+    cfg.write_text(f"db_path: {tmp_path / 'r.db'}\n")
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runs_cmd(config=str(cfg), limit=5, as_json=True)
+    row = json.loads(out.getvalue().splitlines()[0])
+    assert row["run_id"] == record.run_id and row["base_sha"] == base and row["sha"] == head

@@ -106,14 +106,20 @@ def test_established_regression_exits_1_and_writes_markdown(repo, tmp_path):
 
 
 @pytest.mark.slow
-def test_newcomer_compare_on_the_real_smoke_grid(tmp_path):
-    """The issue's done-when: HEAD~1 against HEAD of this repository on the smoke grid, on this machine."""
+def test_newcomer_compare_as_the_readme_runs_it(tmp_path):
+    """HEAD~1 against HEAD of this repository with the default spec (grids/compare-cpu.yaml: 3 legs a
+    revision, so a claim can be made on the CPU), on this machine, as the README says."""
     clone = snapshot_clone(REPO_ROOT, tmp_path / "clone")
-    r = _orch(["--base", "HEAD~1", "--head", "HEAD", "--grid", "grids/smoke.yaml", "--json"], clone, tmp_path,
-              timeout=600)
+    r = _orch(["--base", "HEAD~1", "--head", "HEAD", "--json"], clone, tmp_path, timeout=900)
     assert r.returncode in (0, 1), r.stdout + r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
-    assert line["error"] is None and line["arm"] == "packed" and len(line["cells"]) == 1
-    # smoke runs 2 legs per arm: nothing can be established, so no regression is claimed
-    assert r.returncode == 0 and not line["cells"][0]["established"]
+    assert line["error"] is None and line["grid"] == "grids/compare-cpu.yaml" and len(line["cells"]) == 1
+    (cell,) = line["cells"]
+    assert set(cell["direction"]) >= {"state", "winner", "p"} and set(cell["magnitude"]) >= {"state", "ratio", "ci"}
+    assert cell["magnitude"]["ratio"] == cell["ratio"]  # head / base, the orientation of the outcome
+    assert r.returncode == (1 if cell["regression"] else 0)
+    shown = subprocess.run(ORCH + ["show", line["run_id"], "--json"], cwd=clone, env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=120)
+    legs = json.loads(shown.stdout)["grid"]["cells"][0]["arms"]
+    assert len(legs["base"]["legs"]) >= 3 and len(legs["head"]["legs"]) >= 3
     assert (clone / line["report_path"]).is_file() and (clone / line["report_path"]).with_suffix(".md").is_file()

@@ -33,6 +33,12 @@ def _conn(config: Optional[str]):
     return conn
 
 
+def _base(record) -> str | None:
+    """A comparison's base sha (None for a gate or a grid)."""
+    comp = record.compare
+    return comp.base.sha if comp is not None and comp.base is not None else None
+
+
 def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
          limit: int = typer.Option(50, "--limit", metavar="N", help="at most this many runs"),
          as_json: bool = typer.Option(False, "--json", help="one JSON line per run")) -> None:
@@ -46,15 +52,16 @@ def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", 
     if as_json:
         for r in records:
             print(json.dumps({"run_id": r.run_id, "kind": r.kind, "state": r.state, "shown_state": r.shown_state,
-                              "sha": r.head.sha,
+                              "sha": r.head.sha, "base_sha": _base(r),
                               "dirty": bool(r.head.dirty), "box": r.box.name, "created_at": r.created_at}))
         return
-    table = Table("run", "kind", "state", "head", "box", "created", "suites / grid")
+    table = Table("run", "kind", "state", "head", "base", "box", "created", "suites / grid")
     for r in records:
         grid = f"grid {r.grid.get('spec', '?')}" if r.grid else ""
         what = " ".join(f"{s.name}:{s.state}" for s in r.suites) or grid
         head = (r.head.sha or "no commit")[:12] + (" dirty" if r.head.dirty else "")
-        table.add_row(r.run_id, r.kind, r.shown_state, head, str(r.box.name), str(r.created_at), what)
+        table.add_row(r.run_id, r.kind, r.shown_state, head, (_base(r) or "")[:12], str(r.box.name),
+                      str(r.created_at), what)
     terminal.console().print(table)  # full run ids in logs and pipes
 
 

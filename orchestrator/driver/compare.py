@@ -32,7 +32,7 @@ from orchestrator.driver.provenance import Archive, ProvenanceError, archive
 from orchestrator.record import Box, Compare, Head, NotRun, Provenance, Record, Side
 
 Progress = Callable[[dict], None]
-DEFAULT_GRID = "grids/smoke.yaml"
+DEFAULT_GRID = "grids/compare-cpu.yaml"  # 3 legs a revision: enough for a claim on the CPU
 
 
 class CompareRequestError(ValueError):
@@ -152,8 +152,7 @@ def judge_record(record: Record) -> None:
     comp = record.compare or Compare()
     record.compare = comp
     cells = (record.grid or {}).get("cells") or []
-    comp.cells = [{"label": (c.get("cell") or {}).get("label"), **outcome(c["verdict"])}
-                  for c in cells if c.get("verdict")]
+    comp.cells = [_cell(c) for c in cells if c.get("verdict")]
     if record.state == "LOST":
         comp.outcome = "lost"
         return
@@ -173,6 +172,18 @@ def judge_record(record: Record) -> None:
         record.state = "PASSED"
         comp.outcome = ("no regression established" if all(c["established"] for c in comp.cells)
                         else "no regression established; some claims owed")
+
+
+def _cell(cell: dict) -> dict:
+    """A cell's outcome (head / base) with the two claims behind it, as a CI job reads them: direction
+    (state, winner, p) and magnitude (state, and the ratio and interval as head / base)."""
+    verdict = cell["verdict"]
+    out = outcome(verdict)
+    d, m = verdict.get("direction") or {}, verdict.get("magnitude") or {}
+    return {"label": (cell.get("cell") or {}).get("label"), **out,
+            "direction": {k: d.get(k) for k in ("state", "winner", "p", "legs_needed", "reasons")},
+            "magnitude": {"state": m.get("state"), "ratio": out["ratio"], "ci": out["ci"],
+                          "legs_needed": m.get("legs_needed"), "reasons": m.get("reasons")}}
 
 
 def _merge_sides(record: Record, pair_sides: Compare) -> None:

@@ -74,6 +74,15 @@ def _head(record: Record) -> Text:
     return out
 
 
+def _base(record: Record) -> list[Text]:
+    """A comparison's base: the commit the head is measured against."""
+    base = record.compare.base if record.compare is not None else None
+    if base is None:
+        return []
+    return [Text.assemble("base     ", ((base.sha or "?")[:12], "bold"),
+                          f" ({base.rev})" if base.rev and base.rev != base.sha else "")]
+
+
 def _box(record: Record) -> str:
     b = record.box
     gpu = f"GPU {b.gpu}" if b.gpu else "no GPU"
@@ -172,7 +181,7 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
     out = [Text.assemble("run      ", (record.run_id, "bold"), f"  kind {record.kind}"),
            Text.assemble("state    ", (record.shown_state, style)),
            Text(f"         {exit_meaning(record)}"),
-           _head(record), Text(_box(record)), Text(_judged(record)), Text(_times(record))]
+           _head(record), *_base(record), Text(_box(record)), Text(_judged(record)), Text(_times(record))]
     for part in (_suite_lines(record), _grid_lines(record), _phase_lines(record), _owed_lines(record, owed)):
         if part:
             out += [Text("")] + part
