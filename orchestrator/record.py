@@ -263,6 +263,9 @@ class Record(Part):
     error: str | None = None
     interrupted: Interrupted | None = _opt(omit_none=True)  # the service stopped under the job
     live: Live | None = _opt(omit_none=True)  # the current step while QUEUED/RUNNING
+    # the box's steps as they were reported (lock taken, build done, each suite, ...): what happened,
+    # kept when the run ends without the box's result (ERROR, LOST, interrupted) (driver/live.py)
+    steps: list[Live] | None = _opt(omit_none=True)
     compare: Compare | None = _opt(omit_none=True)  # kind compare: the base, the head, each cell's outcome
     trusted: dict | None = _opt(omit_none=True)  # the harness that judged: {ref, sha, source, digest, bytes}
     isolation: dict | None = _opt(omit_none=True)  # how the head's processes were confined: {kind, detail}

@@ -19,6 +19,7 @@ import ray
 from orchestrator import db
 from orchestrator.config import Config
 from orchestrator.box.job import JobSpec
+from orchestrator.driver import live
 from orchestrator.driver.grid_check import check_grid
 from orchestrator.driver.harness import Harness, trusted_harness
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
@@ -141,6 +142,7 @@ def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0,
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: the box's job was cancelled (its groups died)
         record.error = "interrupted on the driver; the job was cancelled"
+        record.not_run.append(live.rest_not_run(record, "interrupted on the driver (Ctrl-C)"))
     try:
         return finish_run(config, conn, record, t0)
     finally:

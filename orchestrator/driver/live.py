@@ -15,7 +15,7 @@ import logging
 import sqlite3
 
 from orchestrator import db
-from orchestrator.record import Live, RecordError, Suite
+from orchestrator.record import Live, NotRun, RecordError, Suite
 
 log = logging.getLogger("regate.live")
 
@@ -42,6 +42,32 @@ def suite_of(ev: dict) -> Suite | None:
     return Suite.from_json(ev["record"])
 
 
+def rest_not_run(record, why: str) -> NotRun:
+    """The not-run item of a run that ended before its last step: what finished, and that the rest did not run."""
+    done = ", ".join(f"{s.name} {s.state}" for s in record.suites) or "none"
+    return NotRun(what=f"the rest of the {record.kind}",
+                  why=f"{why}; suites finished before it: {done}; every later step (suites, "
+                      "mutation pins, grid legs) did not run")
+
+
+MAX_STEPS = 500  # a grid of many legs reports a step per leg; the first ones and the latest are kept
+
+
+def fold(record, ev: dict) -> None:
+    """`ev` folded into the driver's own record: its step appended to `steps` (not a "start" or
+    "running" one: what was done or is waited on), a finished suite kept. What a run that ends
+    without the box's result (Ctrl-C, a lost box) still knows happened."""
+    live, suite = step_of(ev), suite_of(ev)
+    if live is not None and live.status not in ("start", "running"):
+        record.steps = keep_steps((record.steps or []) + [live])
+    if suite is not None:
+        record.suites = [s for s in record.suites if s.name != suite.name] + [suite]
+
+
+def keep_steps(steps: list[Live]) -> list[Live]:
+    return steps if len(steps) <= MAX_STEPS else steps[:MAX_STEPS // 2] + steps[-MAX_STEPS // 2:]
+
+
 def note(conn: sqlite3.Connection, run_id: str, ev: dict) -> bool:
     """Store what `ev` says about the run; False when nothing was written (no step, run finished, error)."""
     try:
@@ -62,6 +88,8 @@ def write(conn: sqlite3.Connection, run_id: str, live: Live, suite: Suite | None
             return False
         record = db.load(row[0])
         record.live = live
+        if live.status not in ("start", "running"):
+            record.steps = keep_steps((record.steps or []) + [live])
         if suite is not None:
             record.suites = [s for s in record.suites if s.name != suite.name] + [suite]
         cur = conn.execute(f"UPDATE runs SET record = ? WHERE run_id = ? AND {guard}",

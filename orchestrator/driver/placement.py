@@ -67,6 +67,7 @@ def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress:
             db.mark_running(conn, record, ev["task_id"])
             on_started()
         live.note(conn, record.run_id, ev)  # the stored row follows the run (GET /api/runs/<id>)
+        live.fold(record, ev)  # and the driver's own record, which a run ended early is stored from
         progress(ev)
 
     def tick() -> None:

@@ -198,6 +198,13 @@ def gate_claims(record: Record) -> tuple[list[dict], list[dict]]:
 def not_run(record: Record) -> list[dict]:
     """Everything configured but not run, from the record; a non-CUDA box says so plainly."""
     items = [{"what": i.what, "why": i.why} for i in record.not_run]
+    if record.state in ("ERROR", "LOST") and not any(str(i["what"]).startswith("the rest of") for i in items):
+        done = ", ".join(f"{s.name} {s.state}" for s in record.suites if s.state != "NOT_RUN") or "none"
+        last = record.steps[-1] if record.steps else None
+        where = f"after its last reported step ({last.step}: {last.status})" if last else "before the box reported a step"
+        fate = "its result is unknown" if record.state == "LOST" else "did not run"
+        items.append({"what": f"the rest of the {record.kind}",
+                      "why": f"the run ended {record.state} {where}; suites finished: {done}; every later step {fate}"})
     for s in record.suites:
         names = {s.name, f"suite {s.name}"}
         if s.state == "NOT_RUN" and not any(i["what"] in names for i in items):

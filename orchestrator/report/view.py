@@ -76,11 +76,28 @@ def provenance(record: Record) -> dict:
             "lock": _part(record.lock) if record.lock else None,
             "idle": _part(record.idle) if record.idle else {"checked": None, "idle": None, "detail": None},
             "markers": _markers(build), "build_s": build.duration_s if build else None,
+            "lock_said": _said(record, "lock", record.lock is not None),
+            "build_said": _said(record, "build", build is not None),
             "build_output": build.output_tail if build else None,
             "proof": (build.proof or {}) if build else {},
             "trusted": record.trusted, "isolation": record.isolation,
             "versions": record.versions or {}, "phases": phases(record),
             "build_cache": (build.cache or {}) if build else {}}
+
+
+def _said(record: Record, step: str, recorded: bool) -> str | None:
+    """What the box's reported steps say of `step` (lock, build) when the record has no part for it:
+    done (with the box's detail), still to come, or never reached. None when the part is recorded."""
+    if recorded:
+        return None
+    done = [s for s in record.steps or [] if s.step == step and s.status == "done"]
+    if done:
+        return f"done, as the box reported it: {done[-1].detail or 'no detail'} (its part of the record never came)"
+    if record.state in ("QUEUED", "RUNNING"):
+        return "not yet"
+    if record.state in ("ERROR", "LOST"):
+        return f"not reached: the run ended {record.state} before the box reported it"
+    return None
 
 
 def _census(suite) -> dict:
@@ -144,6 +161,8 @@ def _sacred_modified(record: Record) -> dict | None:
 def tally(suites: list[dict], mutations: list[dict], established: list, owed: list, not_run: list,
           sacred: dict | None) -> str:
     """One line under the verdict: what ran and what it amounts to."""
+    if not suites:
+        return (f"no suite finished; {len(established)} claims established, {len(owed)} owed; {len(not_run)} not run")
     green = sum(s["state"] == "GREEN" for s in suites)
     ran = sum(s["state"] != "NOT_RUN" for s in suites)
     killed = sum(m["state"] == "KILLED" for m in mutations)
@@ -193,7 +212,8 @@ def build(record: Record | dict, owed: list[dict] | None = None, with_plots: boo
         "date": when(record.finished_at or record.created_at),
         "provenance": provenance(record),
         "suites": suites, "mutations": mutations,
-        "tally": tally(suites, mutations, established, owed_claims, skipped, _sacred_modified(record)),
+        "tally": ("so far (the run is still going): " if record.state in live_mod.LIVE_STATES else "")
+        + tally(suites, mutations, established, owed_claims, skipped, _sacred_modified(record)),
         "sacred_modified": _sacred_modified(record),
         "has_grid": bool(claims_mod.grid_cells(record)),
         "cells": cell_views,
@@ -206,4 +226,5 @@ def build(record: Record | dict, owed: list[dict] | None = None, with_plots: boo
         "attribution": attribution.section(record, with_plots),
         "raw": raw_legs(record),
         "live": live(record),
+        "steps": [_part(s) for s in record.steps or []],
     }

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from orchestrator import db
 from orchestrator.config import Config
-from orchestrator.driver import compare
+from orchestrator.driver import compare, live
 from orchestrator.driver.gate import idempotency_key, new_record
 from orchestrator.driver.harness import service_harness
 from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
 from orchestrator.driver.provenance import archive
-from orchestrator.record import Interrupted, NotRun, Record
+from orchestrator.record import Interrupted, Record
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS service_jobs (
@@ -175,18 +175,12 @@ def mark_interrupted(conn: sqlite3.Connection, record: Record, why: str) -> None
         if row is not None:
             stored = db.load(row[0])
             record.suites, record.live = stored.suites or record.suites, stored.live
+            record.steps = stored.steps or record.steps
         record.interrupted = Interrupted(at=at, why=why)
-        record.not_run.append(_rest_not_run(record, why))
+        record.not_run.append(live.rest_not_run(record, f"interrupted: {why}"))
         conn.execute("UPDATE runs SET record = ? WHERE run_id = ? AND state = 'RUNNING'",
                      (db.dump(record), record.run_id))
         conn.execute("UPDATE service_jobs SET interrupted_at = ? WHERE run_id = ?", (at, record.run_id))
-
-
-def _rest_not_run(record: Record, why: str) -> NotRun:
-    done = ", ".join(f"{s.name} {s.state}" for s in record.suites) or "none"
-    return NotRun(what=f"the rest of the {record.kind}",
-                  why=f"interrupted: {why}; suites finished before it: {done}; every later step (suites, "
-                      "mutation pins, grid legs) did not run")
 
 
 def beat_queued(conn: sqlite3.Connection) -> None:
