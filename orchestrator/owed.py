@@ -163,12 +163,20 @@ def _claims(record: Record) -> list[tuple[list[dict], list[dict]]]:
     return [claims(record), (gate_claims(record)[0], [])]
 
 
-def list_open(conn: sqlite3.Connection, head_sha: str | None = None) -> list[dict]:
-    """Open items, oldest first; `head_sha` may be a prefix of the full sha."""
+def list_open(conn: sqlite3.Connection, head_sha: str | None = None, as_of: str | None = None,
+              run_id: str | None = None) -> list[dict]:
+    """Open items, oldest first; `head_sha` may be a prefix of the full sha. `as_of` (a UTC time as the
+    ledger writes them) and `run_id`: the items open when that run ended, opened by it or before it and
+    not closed before it (a run's report is a snapshot of its run: a later run's items are not its
+    own, nor is a closing that came after it)."""
     ensure_schema(conn)
     sql, args = f"SELECT {', '.join(_COLUMNS)} FROM owed WHERE state='open'", []
+    if as_of is not None:
+        sql = (f"SELECT {', '.join(_COLUMNS)} FROM owed WHERE (opened_at <= ? OR opened_by = ?)"
+               " AND (state = 'open' OR (closed_at IS NOT NULL AND closed_at > ?))")
+        args = [as_of, run_id or "", as_of]
     if head_sha:
-        sql, args = sql + " AND substr(head_sha, 1, ?) = ?", [len(head_sha), head_sha.lower()]  # no LIKE wildcards
+        sql, args = sql + " AND substr(head_sha, 1, ?) = ?", [*args, len(head_sha), head_sha.lower()]  # no LIKE
     return [_row(r) for r in conn.execute(sql + " ORDER BY id", args).fetchall()]
 
 

@@ -75,3 +75,25 @@ def test_error_and_lost_are_not_drawn_like_a_partial_pass():
     css = _env(False).get_template("style.css.j2").render()
     rule = {m.group(1): m.group(2) for m in re.finditer(r"\.(ERROR|LOST|PARTIAL) \{([^}]*)\}", css)}
     assert len({rule["ERROR"], rule["LOST"], rule["PARTIAL"]}) == 3, rule
+
+
+def test_a_report_is_a_snapshot_of_its_run_and_its_owed_count_covers_what_it_lists(tmp_path):
+    from orchestrator import db, owed
+    conn = db.connect(tmp_path / "r.db")
+    owed.ensure_schema(conn)
+    rows = [  # (opened_at, state, closed_at): before the run, after it, before but closed after it
+        ("2026-12-01T00:00:00Z", "open", None), ("2026-12-03T00:00:00Z", "open", None),
+        ("2026-12-01T00:00:00Z", "closed", "2026-12-04T00:00:00Z"), ("2026-12-01T00:00:00Z", "closed",
+                                                                     "2026-12-01T12:00:00Z")]
+    for i, (opened, state, closed) in enumerate(rows):
+        conn.execute("INSERT INTO owed (what, head_sha, cell, backend, gpu, label, reason, opened_by, opened_at,"
+                     " last_seen_by, state, closed_at) VALUES ('magnitude', ?, ?, 'cpu', 'none', ?, 'r', 'run', ?,"
+                     " 'run', ?, ?)", ("a" * 40, f"batch={i}", f"b{i}", opened, state, closed))
+    conn.commit()
+    at_the_run = owed.list_open(conn, "a" * 40, as_of="2026-12-02T00:00:00Z")
+    assert [o["cell"] for o in at_the_run] == ["batch=0", "batch=2"]
+    assert [o["cell"] for o in owed.list_open(conn, "a" * 40)] == ["batch=0", "batch=1"]  # open now
+    rec = Record(run_id="20261202T000000Z-aaaaaaaa-0001", state="PASSED", finished_at="2026-12-02T00:00:00Z")
+    rec.head.sha = "a" * 40
+    text = _text(html(rec, owed=at_the_run))
+    assert "0 claims; and 2 more open for this head from its other runs" in text

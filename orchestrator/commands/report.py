@@ -60,7 +60,7 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
     conn, reports_dir = open_db(config, db_path)
     try:
         record = load_record(conn, run_id)
-        items = owed.list_open(conn, record.head.sha or None)
+        items = owed.list_open(conn, record.head.sha or None, as_of=_when(record), run_id=record.run_id)
         if record.kind == "compare":  # a comparison's own page (orchestrator/report/compare.py)
             return _compare(record, fmt, Path(out or reports_dir), conn)
         if fmt == "md":
@@ -71,6 +71,11 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
         return str(path)
     finally:
         conn.close()
+
+
+def _when(record: Record) -> str | None:
+    """The moment a re-rendered report is a snapshot of: its run's end (None for a run not ended)."""
+    return record.finished_at if isinstance(record.finished_at, str) else None
 
 
 def _compare(record: Record, fmt: str, reports_dir: Path, conn) -> str:

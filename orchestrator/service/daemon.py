@@ -87,7 +87,8 @@ class Backend:
             if record.kind == "compare":  # a comparison's own page
                 from orchestrator.report.compare import html as compare_html
                 return compare_html(record)
-            return html(record, owed.list_open(conn, record.head.sha))
+            as_of = record.finished_at if isinstance(record.finished_at, str) else None
+            return html(record, owed.list_open(conn, record.head.sha, as_of=as_of, run_id=record.run_id))
 
 
 @dataclass
