@@ -43,9 +43,14 @@ def stub(tmp_path):
 @pytest.mark.slow
 def test_gate_head_of_this_repo_end_to_end(tmp_path):
     clone = snapshot_clone(REPO_ROOT, tmp_path / "clone")
-    r = _orch(["gate", "--head", "HEAD", "--json"], clone, tmp_path)
+    ci = tmp_path / "ci"
+    r = _orch(["gate", "--head", "HEAD", "--json", "--junit", str(ci / "junit.xml"), "--markdown", str(ci / "pr.md"),
+               "--commit-status", str(ci / "status.json"), "--report-url", "https://ci.example/r"], clone, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
+    status = json.loads((ci / "status.json").read_text())  # what a CI job posts, as it is
+    assert status["state"] == "success" and status["target_url"].startswith("https://ci.example/r/" + line["run_id"])
+    assert "<testsuite" in (ci / "junit.xml").read_text() and line["head_sha"][:12] in (ci / "pr.md").read_text()
     # for a CI log: the state line on stdout, one line (a pipe never wraps), then the JSON line
     assert r.stdout.strip().splitlines()[-2] == f"{line['state']}: run {line['run_id']}  report: {line['report_path']}"
     sha = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True).stdout

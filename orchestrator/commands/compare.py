@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from orchestrator import terminal
+from orchestrator.commands import ci_files
 from orchestrator.box.idle import gpus
 from orchestrator.commands.gate import HOOKS_ENV, ProgressPrinter
 from orchestrator.config import ConfigError, load_config
@@ -83,6 +84,9 @@ def compare(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the report as Markdown "
                                                                       "(a PR body) to this file"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
+    junit: Optional[Path] = ci_files.JUNIT,
+    commit_status: Optional[Path] = ci_files.STATUS,
+    report_url: Optional[str] = ci_files.REPORT_URL,
 ) -> None:
     """Compare two commits on one box (asv continuous): exit 1 on an established slowdown of the head."""
     err = terminal.console(stderr=True)
@@ -98,8 +102,10 @@ def compare(
     printer.stop()
     kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
     _final_lines(record, err, kept)
-    if markdown is not None:
-        _write_markdown(record, markdown, err, as_json)
+    try:
+        ci_files.write(record, junit, commit_status, report_url, markdown, _markdown)
+    except OSError as e:
+        _fail(err, str(e), as_json)
     print(state_line(record))
     if as_json:
         print(json.dumps(summary(record)))
@@ -107,14 +113,9 @@ def compare(
     raise typer.Exit(exit_code(record))
 
 
-def _write_markdown(record: Record, path: Path, err: Console, as_json: bool) -> None:
+def _markdown(record: Record) -> str:
     from orchestrator.report.compare import markdown
-    from orchestrator.report.render import write_atomic
-    try:
-        write_atomic(path, markdown(record))
-    except OSError as e:
-        _fail(err, f"--markdown {path}: cannot write: {e.strerror or e} (the run is recorded: {record.run_id})",
-              as_json)
+    return markdown(record)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from gates.manifest import ManifestError
 from orchestrator.config import ConfigError, load_config
+from orchestrator.commands import ci_files
 from orchestrator.errors import error_line, say
 from orchestrator.terminal import console
 from orchestrator.ray_log import ray_output_to_log
@@ -113,6 +115,11 @@ def _final_lines(record: Record, console: Console, ray_log=None) -> None:
         console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
 
 
+def _markdown(record: Record) -> str:
+    from orchestrator.report.render import render_markdown
+    return render_markdown(record)
+
+
 def state_line(record: Record) -> str:
     """The last line a person or a CI log reads, on stdout (before the JSON line, if any)."""
     return f"{record.shown_state}: run {record.run_id}  report: {record.report_path}"
@@ -140,6 +147,11 @@ def gate(
         help="the commit whose gates, census and box harness judge the head (default: trusted_ref in the config, "
              "else origin/HEAD, else the merge-base of the head with main)"),
     as_json: bool = typer.Option(False, "--json", help="end stdout with one JSON line"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", metavar="FILE",
+                                            help="also write the report as Markdown (a PR body) to this file"),
+    junit: Optional[Path] = ci_files.JUNIT,
+    commit_status: Optional[Path] = ci_files.STATUS,
+    report_url: Optional[str] = ci_files.REPORT_URL,
     require_full: bool = typer.Option(False, "--require-full",
                                       help="exit 1 on a partial pass (a suite of the manifest not run on this box)"),
 ) -> None:
@@ -161,6 +173,13 @@ def gate(
     printer.stop()
     kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
     _final_lines(record, err, kept)
+    try:
+        ci_files.write(record, junit, commit_status, report_url, markdown, _markdown)
+    except OSError as e:
+        say(e)
+        if as_json:
+            print(json.dumps({**summary(record), "state": "ERROR", "exit_code": 2, "error": str(e)}))
+        raise typer.Exit(2)
     print(state_line(record))
     if as_json:
         print(json.dumps(summary(record)))
