@@ -20,6 +20,7 @@ from orchestrator.errors import error_line, fail
 COMMANDS = (
     "orchestrator.commands.gate",  # orchestrator gate
     "orchestrator.commands.compare",  # orchestrator compare
+    "orchestrator.commands.bisect",  # orchestrator bisect
     "orchestrator.commands.runs",  # orchestrator runs / show
     "orchestrator.commands.verdict",  # orchestrator verdict
     "orchestrator.commands.grid",  # orchestrator grid
@@ -49,7 +50,7 @@ def _print_version(value: bool) -> None:
 # The commands that build engines to gate or measure them. With REGATE_ABLATE set (engine/ablate.py:
 # an engine with parts removed, wrong tokens, for timing only) each would fail deep inside a suite or
 # a bench; they refuse at once instead, naming the variable.
-MEASURING = ("gate", "compare", "grid", "mutate", "serve")
+MEASURING = ("gate", "compare", "bisect", "grid", "mutate", "serve")
 
 
 @app.callback()
