@@ -22,6 +22,7 @@ COMMANDS = (
     "orchestrator.commands.compare",  # orchestrator compare
     "orchestrator.commands.bisect",  # orchestrator bisect
     "orchestrator.commands.runs",  # orchestrator runs / show
+    "orchestrator.commands.history",  # orchestrator history
     "orchestrator.commands.verdict",  # orchestrator verdict
     "orchestrator.commands.grid",  # orchestrator grid
     "orchestrator.commands.mutate",  # orchestrator mutate

@@ -267,6 +267,13 @@ def last_green(conn: sqlite3.Connection, box: str) -> str | None:
     return next((r.head.sha for r in map(lambda row: load(row[0]), rows) if r.kind == "gate"), None)
 
 
+def latest_gate(conn: sqlite3.Connection, sha: str) -> Record | None:
+    """The newest finished gate (PASSED, FAILED, ERROR) of the commit `sha` on any box, or None."""
+    rows = conn.execute("SELECT record FROM runs WHERE sha = ? AND state IN ('PASSED', 'FAILED', 'ERROR')"
+                        " ORDER BY created_at DESC, run_id DESC", (sha,))
+    return next((r for r in map(lambda row: load(row[0]), rows) if r.kind == "gate"), None)
+
+
 def get(conn: sqlite3.Connection, run_id: str) -> Record:
     """The record of `run_id` (a unique prefix is enough); KeyError naming what matched."""
     if not run_id:

@@ -212,6 +212,8 @@ class Compare(Part):
     arm: str | None = None  # the spec's arm config both revisions ran
     cells: list[dict] = field(default_factory=list)
     outcome: str | None = None
+    # the newest finished gate of each side's commit when the comparison ended: {side: {run_id, state, report}}
+    gates: dict | None = _opt(omit_none=True)
 
 
 @dataclass(kw_only=True)

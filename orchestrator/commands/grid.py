@@ -73,7 +73,11 @@ def grid_cmd(
     except Exception as e:  # a bug must still end the row, not leave it RUNNING until it is LOST
         error = f"crashed: {type(e).__name__}: {e}"
     record = run.finish(result, error)
-    print(f"{record.shown_state}: run {record.run_id}  report: {record.report_path}", flush=True)
+    state = f"{record.shown_state}: run {record.run_id}  report: {record.report_path}"
+    if as_json:  # stdout is the one JSON line, as it always was
+        log.print(state, highlight=False, markup=False)
+    else:
+        print(state, flush=True)
     if error:
         fail(error)
     if as_json:

@@ -15,6 +15,7 @@ only indicated or owed is in the owed ledger), ERROR / LOST as for a gate.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +26,7 @@ from grids.spec import GridSpec
 from orchestrator import db
 from orchestrator.box.compare import CompareSpec
 from orchestrator.config import Config
-from orchestrator.driver.gate import _owed_sync, _render_index, harness_for, hidden_paths
+from orchestrator.driver.gate import _owed_sync, _render_index, harness_for, hidden_paths, render_history
 from orchestrator.driver.grid_check import RequestError, check_grid, read_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import Archive, ProvenanceError, archive
@@ -186,6 +187,18 @@ def _cell(cell: dict) -> dict:
                           "legs_needed": m.get("legs_needed"), "reasons": m.get("reasons")}}
 
 
+def _link_gates(conn, record: Record) -> None:
+    """The newest finished gate of the base's and of the head's commit, for the report to link."""
+    gates = {}
+    for side in ("base", "head"):
+        s = getattr(record.compare, side, None)
+        gate = db.latest_gate(conn, s.sha) if s is not None and s.sha else None
+        if gate is not None:
+            gates[side] = {"run_id": gate.run_id, "state": gate.shown_state,
+                           "report": Path(gate.report_path).name if gate.report_path else None}
+    record.compare.gates = gates or None
+
+
 def _merge_sides(record: Record, pair_sides: Compare) -> None:
     """The driver's halves of each side (rev, sha, md5 shipped) with the box's (md5 received, build)."""
     box = record.compare
@@ -210,6 +223,7 @@ def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:
     record.finished_at = db.utc_now()
     record.timings["total_s"] = round(time.monotonic() - t0, 3)
     judge_record(record)
+    _link_gates(conn, record)
     record.report_path = str(report.report_path(config.reports_dir, record))
     db.finish(conn, record, sync=_owed_sync())
     t = time.monotonic()
@@ -219,6 +233,7 @@ def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:
         record.report_path = None
         record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
     _render_index(conn, config.reports_dir)
+    render_history(conn, record, config.reports_dir)
     record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
     db.store(conn, record)
     return record

@@ -181,6 +181,7 @@ def finish_run(config: Config, conn, record: Record, t0: float,
     if not _render(conn, record, config.reports_dir):
         record.report_path = None  # the row says why there is no report
     _render_index(conn, config.reports_dir)
+    render_history(conn, record, config.reports_dir)
     record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
     db.store(conn, record)
     return record
@@ -217,6 +218,18 @@ def _owed_sync():
     except ModuleNotFoundError:
         return None
     return sync_from_record
+
+
+def render_history(conn, record: Record, reports_dir) -> None:
+    """The history page of every cell the run measured (report/history.py), this run included."""
+    spec = (record.grid or {}).get("spec")
+    if not spec or record.state not in ("PASSED", "FAILED"):
+        return
+    try:
+        from orchestrator.report.history import render_pages
+        render_pages(db.list_runs(conn, 1000), reports_dir, spec)  # the run is stored: it is among them
+    except Exception:  # like the index: a convenience, never a lost result
+        pass
 
 
 def _render_index(conn, reports_dir) -> None:

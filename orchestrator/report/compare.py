@@ -17,6 +17,7 @@ from grids.spec import Policy
 from orchestrator.report.phases import phases
 from orchestrator.record import Compare, Record, Side
 from orchestrator.report import claims as claims_mod
+from orchestrator.report import view as run_view
 from orchestrator.report.render import report_name, write_atomic
 
 _TEMPLATES = Path(__file__).with_name("templates")
@@ -60,6 +61,7 @@ def _side(side: Side) -> dict:
     return {"rev": side.rev, "sha": side.sha, "short": (side.sha or "?")[:12], "md5_driver": side.md5_driver,
             "md5_box": side.md5_box, "archive_bytes": side.archive_bytes,
             "md5_match": None if not (side.md5_driver and side.md5_box) else side.md5_driver == side.md5_box,
+            "gate": None,
             "markers": build.markers if build else [], "missing": build.missing if build else [],
             "build_s": build.duration_s if build else None,
             "build_dir": ("warm" if build.cache.get("warm") else "cold") if build and build.cache else None}
@@ -70,7 +72,8 @@ def _cells(record: Record) -> list[dict]:
     comp = record.compare or Compare()
     outcomes = {c.get("label"): c for c in comp.cells}
     out = []
-    for cell in claims_mod.grid_cells(record):
+    drawn = run_view.cells(record)  # the run report's plot (legs, ratio against the band) and history link
+    for i, cell in enumerate(claims_mod.grid_cells(record)):
         label = (cell.get("cell") or {}).get("label")
         verdict = cell.get("verdict") or {}
         arms = cell.get("arms") or {}
@@ -82,7 +85,8 @@ def _cells(record: Record) -> list[dict]:
                     "legs": {s: (arms.get(s) or {}).get("legs", []) for s in ("base", "head")},
                     "medians": {s: ((verdict.get("arms") or {}).get(s) or {}).get("median") for s in ("base", "head")},
                     "orders": [" ".join(o) for o in cell.get("orders", [])],
-                    "wall_s": {s: (arms.get(s) or {}).get("wall_s", []) for s in ("base", "head")}})
+                    "wall_s": {s: (arms.get(s) or {}).get("wall_s", []) for s in ("base", "head")},
+                    "plot": drawn[i]["plot"], "history": drawn[i]["history"]})
     return out
 
 
@@ -97,7 +101,8 @@ def view(record: Record | dict) -> dict:
             "outcome": comp.outcome, "grid": comp.grid, "arm": comp.arm, "policy": policy,
             "legs": (record.grid or {}).get("legs"), "box": record.box.to_json(),
             "date": record.finished_at or record.created_at,
-            "base": _side(comp.base), "head": _side(comp.head), "cells": _cells(record),
+            "base": {**_side(comp.base), "gate": (comp.gates or {}).get("base")},
+            "head": {**_side(comp.head), "gate": (comp.gates or {}).get("head")}, "cells": _cells(record),
             "established": established, "owed": owed, "not_run": claims_mod.not_run(record),
             "lock": record.lock.to_json() if record.lock else None, "phases": phases(record)}
 

@@ -18,6 +18,7 @@ from orchestrator.report import live as live_mod
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
+from orchestrator.report.history import HISTORY_DIR, page_name
 from orchestrator.report.phases import phases
 from orchestrator.record import Part, Record, RecordError
 from orchestrator.report.errors import ReportError
@@ -132,7 +133,8 @@ def cells(record: Record, with_plots: bool = True) -> list[dict]:
         binding = magnitude in established
         plot = plots.cell_plot(arms, magnitude, tolerance, binding, salt=f"cell{i}") if with_plots else None
         out.append({"key": magnitude["cell"], "label": magnitude["label"], "arms": arms,
-                    "established": established, "owed": owed, "tolerance": tolerance, "plot": plot})
+                    "established": established, "owed": owed, "tolerance": tolerance, "plot": plot,
+                    "history": f"{HISTORY_DIR}/{page_name((record.grid or {}).get('spec') or '', magnitude['cell'])}"})
     return out
 
 
