@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gates.manifest import load_manifest
-from gates.twin_census import cuda_suites, twin_counts
+from orchestrator.box.twin_census import cuda_suites, twin_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", ".regate")
@@ -26,7 +26,7 @@ def test_every_cuda_suite_has_a_twin():
 def test_twin_counts_equal_the_census(name):
     suite = load_manifest(ROOT).suite(name)
     assert twin_counts(ROOT, suite, sys.executable) == (suite.census_tests, suite.census_checks), (
-        f"{name}: the suite's census moved; run `python -m gates.twin_census` and update gates/gates.yaml")
+        f"{name}: the suite's census moved; run `python -m orchestrator.box.twin_census` and update gates/gates.yaml")
 
 
 def test_a_one_line_added_check_is_seen_without_a_gpu(tmp_path):

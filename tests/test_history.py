@@ -19,7 +19,8 @@ from grids.verdict import judge  # noqa: E402
 from orchestrator import cli  # noqa: E402
 from orchestrator import db  # noqa: E402
 from orchestrator.record import Record  # noqa: E402
-from orchestrator.report.history import histories, page_name  # noqa: E402
+from orchestrator.report.claims import page_name  # noqa: E402
+from orchestrator.report.history import histories  # noqa: E402
 
 
 def _run(i: int, packed: list[float], state="PASSED", kind="grid", dirty=False, cell=rr.SEED_CELL) -> Record:

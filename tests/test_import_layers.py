@@ -98,3 +98,29 @@ def test_no_product_module_of_kernels_imports_its_tuning_code():
     bad = {m: sorted(d for d in g[m] if d.startswith("kernels.tune")) for m in product}
     assert not {m: d for m, d in bad.items() if d}, bad
     assert any(m.startswith("kernels.tune.") for m in g), "kernels/tune/ holds the tuning code"
+
+
+# Package floors: what may import what. The box side (orchestrator/box/) never imports the driver side
+# (orchestrator/driver/): the box runs the trusted harness alone, and the tarball helpers both need are
+# the bottom module orchestrator/tarball.py. gates/ (the judges) never imports orchestrator/: a tool
+# that runs suites through the box's runner (the census twin) lives in orchestrator/box/.
+FLOORS = [("orchestrator.box", "orchestrator.driver"), ("gates", "orchestrator")]
+
+
+def crossings(g: dict[str, set[str]], lower: str, upper: str) -> dict[str, list[str]]:
+    under = lambda m, p: m == p or m.startswith(p + ".")  # noqa: E731
+    return {m: sorted(d for d in deps if under(d, upper)) for m, deps in g.items()
+            if under(m, lower) and any(under(d, upper) for d in deps)}
+
+
+def test_the_floor_checker_sees_a_crossing():
+    g = {"orchestrator.box.job": {"orchestrator.driver.provenance", "orchestrator.tarball"},
+         "orchestrator.boxes": {"orchestrator.driver"}, "gates.x": {"grids.spec"}}
+    assert crossings(g, "orchestrator.box", "orchestrator.driver") == {"orchestrator.box.job": ["orchestrator.driver.provenance"]}
+    assert crossings(g, "gates", "orchestrator") == {}
+
+
+@pytest.mark.parametrize("lower,upper", FLOORS, ids=[f"{a}-not-{b}" for a, b in FLOORS])
+def test_a_package_never_imports_above_its_floor(lower, upper):
+    found = crossings(graph(), lower, upper)
+    assert not found, f"{lower} imports {upper}: {found}"

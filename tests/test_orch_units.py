@@ -23,7 +23,8 @@ from orchestrator.driver.gate import decide, exit_code, finish_run, new_record  
 from orchestrator.record import BoxResult, NotRun, Record, Suite  # noqa: E402
 from orchestrator.box.lock import LockTimeout, box_lock  # noqa: E402
 from orchestrator.box.tree import Tree  # noqa: E402
-from orchestrator.driver.provenance import ProvenanceError, archive, md5_of, read_member, resolve, unpack  # noqa: E402
+from orchestrator.driver.provenance import ProvenanceError, archive, resolve  # noqa: E402
+from orchestrator.tarball import md5_of, read_member, unpack  # noqa: E402
 from orchestrator.box.suites import judge, parse_junit, run_suite  # noqa: E402
 
 

@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from orch_helpers import FAKE_GRID, make_stub_repo, suite  # noqa: E402
 
 from orchestrator.driver.grid_check import check_grid  # noqa: E402
-from orchestrator.driver.provenance import archive, cwd_path, md5_of  # noqa: E402
+from orchestrator.driver.provenance import archive, cwd_path  # noqa: E402
+from orchestrator.tarball import md5_of  # noqa: E402
 
 
 def _repo(tmp_path: Path) -> Path:

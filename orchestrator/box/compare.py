@@ -30,7 +30,7 @@ from orchestrator.box.job import HOOK_CORRUPT, JobError, build_step, held_idle_b
 from orchestrator.box.lock import LockTimeout
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
-from orchestrator.driver.provenance import md5_of, unpack
+from orchestrator.tarball import md5_of, unpack
 from orchestrator.record import BoxResult, Compare, NotRun, Side
 
 Emit = Callable[[dict], None]

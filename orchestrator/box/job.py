@@ -41,7 +41,7 @@ from orchestrator.box.suites import NO_GPU, not_run, run_suite
 from orchestrator.box.mutate import run_pins
 from orchestrator.box.tree import Tree, TreeRunError, new_token
 from orchestrator.config import BoxConfig
-from orchestrator.driver.provenance import md5_of, unpack
+from orchestrator.tarball import md5_of, unpack
 from orchestrator.record import BoxResult, Build, GateSetCheck, Idle, Lock, Mutation, NotRun, Sacred, Suite
 
 Emit = Callable[[dict], None]

@@ -23,7 +23,8 @@ from gates.manifest import ManifestError
 from orchestrator.box.mutate import STALE, SURVIVED, run_pins
 from orchestrator.box.tree import Tree
 from gates.pins import PinError
-from orchestrator.driver.provenance import ProvenanceError, archive, unpack
+from orchestrator.driver.provenance import ProvenanceError, archive
+from orchestrator.tarball import unpack
 from orchestrator.errors import fail
 
 

@@ -24,7 +24,8 @@ from orchestrator.driver.grid_check import check_grid
 from orchestrator.driver.harness import Harness, trusted_harness
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 
-from orchestrator.driver.provenance import Archive, archive, read_member
+from orchestrator.driver.provenance import Archive, archive
+from orchestrator.tarball import read_member
 from orchestrator.record import Box, Head, NotRun, Provenance, Record
 
 MANIFEST = "gates/gates.yaml"

@@ -3,7 +3,8 @@ and the service's queue both call `check_grid`."""
 from __future__ import annotations
 
 from grids.spec import GridSpec, SpecError, parse_spec_text, repo_relative
-from orchestrator.driver.provenance import Archive, read_member
+from orchestrator.driver.provenance import Archive
+from orchestrator.tarball import read_member
 
 
 class RequestError(ValueError):

@@ -7,13 +7,12 @@ gate their edits, while the archive holds only what is committed. Naming the sha
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import re
 import subprocess
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.tarball import md5_of
 
 _SHA_PREFIX = re.compile(r"^[0-9a-f]{4,40}$")
 
@@ -30,9 +29,6 @@ class Archive:
     tarball: bytes
     md5: str
 
-
-def md5_of(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -89,21 +85,3 @@ def cwd_path(arg: str) -> str:
     the repository's root, or a spec's bare name)."""
     p = Path(arg)
     return str(p.resolve()) if not p.is_absolute() and p.is_file() else arg
-
-
-def read_member(tarball: bytes, name: str) -> bytes | None:
-    """One file of the archive, without unpacking it (the head reads the gate manifest this way)."""
-    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:") as tf:
-        try:
-            f = tf.extractfile(name)
-        except KeyError:
-            return None
-        return f.read() if f is not None else None
-
-
-def unpack(tarball: bytes, dest: Path) -> Path:
-    """Unpack into `dest`, which must be a fresh empty directory; refuses members escaping it."""
-    dest.mkdir(parents=True, exist_ok=False)
-    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:") as tf:
-        tf.extractall(dest, filter="data")
-    return dest

@@ -10,6 +10,9 @@ an owed item can never slip under Established in one of them and not the others.
 """
 from __future__ import annotations
 
+import hashlib
+import re
+
 from grids.verdict import MIN_CLAIM_LEGS
 from orchestrator.record import Record
 from orchestrator.report.errors import ReportError
@@ -29,6 +32,16 @@ def cell_key(cell: dict) -> str:
         raise ReportError(f"grid cell: expected a non-empty mapping of parameters, found {cell!r}")
     flat = _flat({k: v for k, v in cell.items() if k != "label"})
     return " ".join(f"{k}={flat[k]}" for k in sorted(flat))
+
+
+HISTORY_DIR = "history"  # under the reports directory: a page per cell (orchestrator/report/history.py)
+
+
+def page_name(spec: str, key: str) -> str:
+    """The file name of the cell's history page: readable, and unique by the hash of spec and key."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{spec}-{key}").strip("-")[:80]
+    return f"{slug}-{hashlib.sha256(f'{spec}|{key}'.encode()).hexdigest()[:10]}.html"
+
 
 
 def cell_label(cell: dict) -> str:

@@ -9,17 +9,13 @@ marked. The page is a snapshot written when a run that measured the cell ends (a
 """
 from __future__ import annotations
 
-import hashlib
-import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.record import Record
 from orchestrator.report import claims as claims_mod
-
-HISTORY_DIR = "history"
-
+from orchestrator.report.claims import HISTORY_DIR, page_name
 
 @dataclass(frozen=True)
 class Point:
@@ -56,12 +52,6 @@ class CellHistory:
     @property
     def page(self) -> str:
         return page_name(self.spec, self.key)
-
-
-def page_name(spec: str, key: str) -> str:
-    """The page's file name under reports/history/: readable, and unique by the key's hash."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{spec}-{key}").strip("-")[:80]
-    return f"{slug}-{hashlib.sha256(f'{spec}|{key}'.encode()).hexdigest()[:10]}.html"
 
 
 def matches(record: Record, spec: str) -> bool:

@@ -18,7 +18,6 @@ from orchestrator.report import live as live_mod
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
-from orchestrator.report.history import HISTORY_DIR, page_name
 from orchestrator.report.phases import phases
 from orchestrator.record import Part, Record, RecordError
 from orchestrator.report.errors import ReportError
@@ -134,7 +133,7 @@ def cells(record: Record, with_plots: bool = True) -> list[dict]:
         plot = plots.cell_plot(arms, magnitude, tolerance, binding, salt=f"cell{i}") if with_plots else None
         out.append({"key": magnitude["cell"], "label": magnitude["label"], "arms": arms,
                     "established": established, "owed": owed, "tolerance": tolerance, "plot": plot,
-                    "history": f"{HISTORY_DIR}/{page_name((record.grid or {}).get('spec') or '', magnitude['cell'])}"})
+                    "history": f"{claims_mod.HISTORY_DIR}/{claims_mod.page_name((record.grid or {}).get('spec') or '', magnitude['cell'])}"})
     return out
 
 

@@ -5,7 +5,7 @@
 suite's, so CI compares them with gates.yaml and fails when a change to a CUDA suite moved its
 census without updating the manifest (tests/test_gates_census_twin.py).
 
-`python -m gates.twin_census [ROOT]` prints each CUDA suite's twin counts beside its census.
+`python -m orchestrator.box.twin_census [ROOT]` prints each CUDA suite's twin counts beside its census.
 """
 from __future__ import annotations
 
