@@ -1,5 +1,6 @@
 """A killed run leaves the box ready: SIGTERM or SIGKILL of the box job at each phase of a gate, a grid
-or a compare, then a run of the same kind on the same box starts and completes.
+or a compare (and of a compare's whole CLI driver mid-leg), then a run of the same kind on the same box
+starts and completes.
 
 The job runs as it does on a box: `python -m orchestrator.box.main` (the trusted harness's process)
 with the spec on stdin. The stub head's phases hold what a real one holds:
@@ -200,3 +201,41 @@ def test_a_run_killed_in_any_phase_leaves_the_box_ready_for_the_next(tmp_path, m
         assert parts.grid and parts.grid["cells"], parts.grid
     assert lock_free(tmp_path / "A.lock")
     assert not list(Path(tmp_path / "work").iterdir()), "a run's tree was left behind"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
+def test_a_compare_whose_driver_is_killed_mid_leg_leaves_the_box_ready(tmp_path, sig):
+    """The whole CLI (its own local Ray, this machine its one box): the driver killed while a bench
+    holds the fake GPU; the next `orchestrator compare` on the box starts and completes."""
+    import yaml
+    repo, _, _ = _repo(tmp_path / "repo")
+    (tmp_path / "gpu").write_text("")
+    cfg = tmp_path / "orchestrator.yaml"
+    cfg.write_text(yaml.safe_dump({"db_path": str(tmp_path / "state" / "r.db"), "work_dir": str(tmp_path / "work"),
+                                   "boxes": [{"name": "A", "lock_path": str(tmp_path / "A.lock"), "isolation": "none",
+                                              "build_cache": str(tmp_path / "builds")}]}))
+    (tmp_path / "work").mkdir()
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "REGATE_HOME")}
+    argv = [sys.executable, "-m", "orchestrator.cli", "compare", "--base", "HEAD~1", "--head", "HEAD", "--repo",
+            str(repo), "--grid", "grids/fake.yaml", "--config", str(cfg), "--json"]
+    env = {**base, **_env(tmp_path, "bench"), "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path / "home")}
+    driver = subprocess.Popen(argv, cwd=here, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        _wait_for_phase(tmp_path / "phases", "bench", driver, timeout_s=180)
+        driver.send_signal(sig)
+        driver.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # what is left of the driver's local Ray
+        except ProcessLookupError:
+            pass
+    env = {**env, **_env(tmp_path, None)}
+    t0 = time.monotonic()
+    again = subprocess.run(argv, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode in (0, 1), again.stdout[-2000:] + again.stderr[-3000:]
+    line = json.loads(again.stdout.strip().splitlines()[-1])
+    assert line["error"] is None and line["cells"], line
+    assert time.monotonic() - t0 < 240 and lock_free(tmp_path / "A.lock")
