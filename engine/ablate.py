@@ -10,7 +10,7 @@ REGATE_ABLATE replaced, and `engine bench` times the step as usual. Items, joine
 separates the A/B script's variables):
 
 - `norm`: the residual add + RMSNorm launches (rms_norm, add_rms_norm) return their input;
-- `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step, conv_delta_step);
+- `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step);
 - `attention`: the attention layers' prep (norms, RoPE, K/V write) and paged decode attention;
 - `tower`: every tower GEMM; `lm_head`: the head's.
 
@@ -40,7 +40,6 @@ import torch
 
 from engine.backends import Fp4Gemm
 from engine.errors import AblationError
-from engine.rms_fold import RmsFold
 
 ENV = "REGATE_ABLATE"
 GEMM_PARTS = ("tower", "lm_head")
@@ -90,19 +89,11 @@ def _unwritten(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 # Per part, each fused function it launches -> (the tensor whose device the launch is on, what it returns).
-def _unscaled(x: torch.Tensor, eps: float) -> RmsFold:
-    """A folded norm's output without its kernel: x as the rows, unwritten sums of squares."""
-    return RmsFold(x, torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device), eps)
-
-
 _STUBS = {
     "norm": {"rms_norm": lambda x, weight, eps: (x, x),
-             "add_rms_norm": lambda h, d, weight, eps, **kw: (h, (h, h)),
-             "rms_norm_fold": lambda x, weight, eps: (x, _unscaled(x, eps)),
-             "add_rms_norm_fold": lambda h, d, weight, eps: (h, (h, _unscaled(h, eps)))},
+             "add_rms_norm": lambda h, d, weight, eps, **kw: (h, (h, h))},
     "delta_rule": {"conv_step": lambda qkv, *a, **kw: (qkv, qkv),
-                   "delta_step": lambda mixed, z, *a, **kw: (z, _unwritten(z.shape, z)),
-                   "conv_delta_step": lambda qkv, conv, w, z, *a, **kw: (z, _unwritten(z.shape, z))},
+                   "delta_step": lambda mixed, z, *a, **kw: (z, _unwritten(z.shape, z))},
     "attention": {"attention_prep": lambda q, *a, **kw: (q, q),
                   "paged_decode_gated": lambda q, *a, **kw: (q, _unwritten((q.shape[0], q.shape[1] * q.shape[2]), q))},
 }

@@ -24,9 +24,6 @@ PREFILL_ENV = "REGATE_FUSED_PREFILL"
 # The split-K sums of o_proj, out_proj and down_proj done by the residual add + RMSNorm kernel that
 # reads them (kernels/decode_norm.py), not by a reduce kernel of their own; =0 keeps the reduce.
 SPLIT_SUM_ENV = "REGATE_SPLIT_SUM_IN_NORM"
-# The decode conv step inside delta_step's launch (kernels/gdn_decode.conv_delta_step): one launch and
-# one kernel boundary fewer per Gated DeltaNet layer. Off until measured on the H200; =1 turns it on.
-CONV_IN_STEP_ENV = "REGATE_CONV_IN_STEP"
 # Prefill attention on one Triton launch per layer (kernels/paged_prefill.py: every prompt of the batch,
 # causal, the output gate fused) instead of the torch loop over sequences (~20 kernels a sequence and
 # layer, issued from the host). Off until the GPU gate and an A/B on the H200 run with it; =1 turns it on.
@@ -37,13 +34,6 @@ PREFILL_ATTENTION_ENV = "REGATE_PREFILL_ATTENTION"
 # batch 1, 8.730 -> 8.638 at batch 16, both binding (docs/lab/2026-12-04-prefill-graphs.md); so on by
 # default on CUDA since session 28 (the GPU gate has not run with it yet); =0 keeps torch's pick.
 SAMPLE_ENV = "REGATE_FUSED_SAMPLE"
-# The decode step's residual add + RMSNorm leaves each row's factor to the GEMM that reads it
-# (engine/rms_fold.py): the norm's launch has no whole-row reduction, its rows are spread over programs,
-# and the M <= 8 tile GEMM applies the factor in its epilogue. Not the reference's rounding (judged by
-# the oracle's margins). Only where a decode step has at most NORM_FOLD_MAX_ROWS rows (the GEMMs that
-# fold); never the final norm (the head may be a BF16 GEMM). Off until an A/B on the H200; =1 turns it on.
-NORM_FOLD_ENV = "REGATE_NORM_FOLD"
-NORM_FOLD_MAX_ROWS = 8
 
 
 def fused_kernels(device: torch.device) -> SimpleNamespace | None:
@@ -54,16 +44,12 @@ def fused_kernels(device: torch.device) -> SimpleNamespace | None:
 
     prefill = os.environ.get(PREFILL_ENV, "1") != "0"
     split_sum_in_norm = os.environ.get(SPLIT_SUM_ENV, "1") != "0"
-    conv_in_step = os.environ.get(CONV_IN_STEP_ENV, "0") == "1"
     prefill_attention = os.environ.get(PREFILL_ATTENTION_ENV, "0") == "1"
-    norm_fold = os.environ.get(NORM_FOLD_ENV, "0") == "1"
-    return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm, conv_in_step=conv_in_step,
-                           prefill_attention=prefill_attention, norm_fold=norm_fold,
-                           rms_norm_fold=decode_norm.rms_norm_fold, add_rms_norm_fold=decode_norm.add_rms_norm_fold,
+    return SimpleNamespace(prefill=prefill, split_sum_in_norm=split_sum_in_norm,
+                           prefill_attention=prefill_attention,
                            conv_prefill=gdn_prefill.conv_prefill,
                            delta_prefill=gdn_prefill.delta_prefill, gated_rms_norm=gdn_prefill.gated_rms_norm,
                            conv_step=gdn_decode.conv_step, delta_step=gdn_decode.delta_step,
-                           conv_delta_step=gdn_decode.conv_delta_step,
                            attention_prep=attention_prep.attention_prep,
                            paged_decode_gated=paged_attention.paged_decode_gated,
                            paged_prefill_gated=paged_prefill.paged_prefill_gated,
@@ -79,11 +65,3 @@ def fused_sample(device: torch.device):
     from kernels.sample import greedy_topk
 
     return greedy_topk
-
-
-def step_prefetch(device: torch.device):
-    """kernels.l2_prefetch.StepPrefetch for a model runner on `device` (each decode GEMM forks the next
-    one's weights into L2; REGATE_L2_PREFETCH MiB per GEMM, off by default), or None."""
-    from kernels import l2_prefetch
-
-    return l2_prefetch.for_device(device)

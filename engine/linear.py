@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from engine.backends import Fp4Gemm
 from engine.nvfp4 import BLOCK, E2M1_VALUES, Nvfp4Weight, fake_quantize_activations, unpack_nibbles
-from engine.rms_fold import RmsFold
 
 HEAD_ARMS = ("packed", "dequant")
 
@@ -28,7 +27,6 @@ class DenseLinear:
         self.name, self.weight, self.role = name, weight, role  # weight: [N, K]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.materialize() if isinstance(x, RmsFold) else x  # a BF16 GEMM cannot apply the factors
         # On the CPU (FP32 activations) the BF16 weight widens per call; on CUDA this is a no-op.
         return F.linear(x, self.weight.to(x.dtype))
 
@@ -50,10 +48,6 @@ class Nvfp4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if isinstance(x, RmsFold):  # an RMSNorm left for this GEMM (engine/rms_fold.py)
-            if self.gemm is not None and not self.w4a4:
-                return self.gemm.matmul(x, w)
-            x = x.materialize()
         x2 = x.reshape(-1, w.in_features)  # [M, K]
         if self.w4a4:
             x2 = fake_quantize_activations(x2, w.input_scale)

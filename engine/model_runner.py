@@ -19,11 +19,9 @@ previous step's pick (`src` points into `prev_ids`); a row the host knows takes 
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.fused import fused_sample, step_prefetch
+from engine.fused import fused_sample
 from engine.kv_cache import KvCache, StateCache
 from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
@@ -54,7 +52,6 @@ class ModelRunner:
         self.top_k = min(top_k, model.config.vocab_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.sample_kernel = fused_sample(device)  # None: torch's topk and argmax pick
-        self.l2_prefetch = step_prefetch(device)  # None: no GEMM prefetches the next one's weights
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
@@ -178,12 +175,6 @@ class ModelRunner:
         ids = st["feed"][src]  # the host's id, or the previous step's pick for a row still PENDING
         ctx = Context("decode", positions, slot_mapping=slot_mapping, block_tables=st["block_tables"][:rows],
                       context_lens=context_lens, state_slots=state_slots, kv_cache=self.kv, state_cache=self.state)
-        prefetch = self.l2_prefetch.step(rows) if self.l2_prefetch is not None else contextlib.nullcontext()
-        with prefetch:  # kernels/l2_prefetch.py: its side stream rejoins before the step ends
-            self._forward_sample(ids, ctx, rows)
-
-    def _forward_sample(self, ids: torch.Tensor, ctx: Context, rows: int) -> None:
-        st = self._static
         with marker(FORWARD):
             logits = self.model.logits(self.model.hidden(ids, ctx))
         with scope("sample"):

@@ -14,7 +14,6 @@ import os
 import torch
 
 from engine.linear import Nvfp4Linear
-from engine.rms_fold import RmsFold
 
 ENV = "REGATE_MERGE_PROJECTIONS"
 
@@ -27,12 +26,9 @@ class Projections:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.merged is None:
-            x = x.materialize() if isinstance(x, RmsFold) else x  # the members' GEMMs read one normed x
             return tuple(m(x) for m in self.members)
         k = self.members[0].weight.in_features
-        # An RmsFold (engine/rms_fold.py) goes to the GEMM as it is: the GEMM applies its factors.
-        xk = x if isinstance(x, RmsFold) else x.reshape(-1, k).to(torch.bfloat16).contiguous()
-        y = self.gemm.matmul_merged(xk, self.merged).to(x.dtype)
+        y = self.gemm.matmul_merged(x.reshape(-1, k).to(torch.bfloat16).contiguous(), self.merged).to(x.dtype)
         return tuple(part.reshape(*x.shape[:-1], part.shape[-1]) for part in y.split(self.merged.sizes, dim=-1))
 
     def why_separate(self) -> str | None:

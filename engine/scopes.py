@@ -23,8 +23,6 @@ Parts (docs/ENGINE.md, "engine attribute"):
 - `attention`: the full-attention core (RoPE, the KV write, paged attention, the output gate);
 - `norm`: every RMSNorm (layer norms, q/k norms, the final norm, the gated norm);
 - `embed`: the embedding gather; `sample`: logits to tokens (FP32 logits, top-k, argmax);
-- `prefetch`: only with REGATE_L2_PREFETCH, the next GEMM's weights into L2 on a side stream
-  (kernels/l2_prefetch.py); not in PARTS, since no other run has it;
 - `forward` is not a part: it marks the model's forward, so time in it outside every part is the
   measured `other` (residual adds, the SwiGLU activation and their Python).
 """

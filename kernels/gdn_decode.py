@@ -6,9 +6,6 @@ sequence ~8 times per layer.
 - `conv_step`: the depthwise causal conv at one position for every channel, SiLU, and the conv
   window shifted in place. Its own kernel because each q/k channel feeds Hv/Hk value heads: fused
   into the step, the first head to shift the window would race the others reading it.
-  `conv_delta_step` fuses it anyway: each program computes the conv of the channels it reads, shifts
-  its own v channels, and the last program of a key head (a ticket taken after every reader's
-  loads) shifts the q/k windows.
 - `delta_step`: one program per (sequence, value head): q/k L2 norms, the decay and beta from the
   raw a/b projections, the state slot read ONCE and written ONCE in place, o = q^T S, and the gated
   RMSNorm of o (the whole head is in the program, so the norm needs no second pass).
@@ -55,30 +52,9 @@ def conv_step_kernel(qkv_ptr, conv_ptr, slots_ptr, w_ptr, mixed_ptr, conv_dim, s
 
 
 @triton.jit
-def _conv_silu(row, win, w_ptr, c, N: tl.constexpr, KERN: tl.constexpr, dt: tl.constexpr):
-    """conv_step_kernel's output for channels c [N] (FP32 holding values of dt), window untouched."""
-    acc = tl.zeros([N], tl.float32)
-    for j in tl.static_range(KERN - 1):  # window taps oldest first, as the reference sums them
-        xj = tl.load(win + c * (KERN - 1) + j)
-        acc += _round(xj.to(tl.float32) * tl.load(w_ptr + c * KERN + j).to(tl.float32), dt)
-    acc += _round(tl.load(row + c).to(tl.float32) * tl.load(w_ptr + c * KERN + KERN - 1).to(tl.float32), dt)
-    y = _round(acc, dt)
-    return _round(y * tl.sigmoid(y), dt)
-
-
-@triton.jit
-def _conv_shift(row, win, c, KERN: tl.constexpr):
-    """conv_step_kernel's window update for channels c: taps shift one older, the new input last."""
-    for j in tl.static_range(1, KERN - 1):
-        tl.store(win + c * (KERN - 1) + j - 1, tl.load(win + c * (KERN - 1) + j))
-    tl.store(win + c * (KERN - 1) + KERN - 2, tl.load(row + c).to(win.dtype.element_ty))
-
-
-@triton.jit
 def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_ptr, dtb_ptr, normw_ptr, out_ptr,
-                      o_ptr, cnt_ptr, conv_ptr, w_ptr, key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
-                      s_conv, qk_tickets, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NV: tl.constexpr,
-                      KERN: tl.constexpr, CONV: tl.constexpr, PDL: tl.constexpr):
+                      o_ptr, cnt_ptr, key_dim, eps, q_scale, s_mixed, s_z, s_b, s_a, s_rec, s_out,
+                      REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, NV: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # kernels/pdl.py: the next kernel may be scheduled; nothing is touched before the last one ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -93,27 +69,9 @@ def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_p
     sp = rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :]
     s = tl.load(sp)
     row = mixed_ptr + b * s_mixed
-    if CONV:
-        # mixed_ptr is the raw q|k|v projection: the conv step happens here (conv_delta_step).
-        win = conv_ptr + slot * s_conv
-        q = _conv_silu(row, win, w_ptr, kh * DK + kk, DK, KERN, dt)
-        k = _conv_silu(row, win, w_ptr, key_dim + kh * DK + kk, DK, KERN, dt)
-        v = _conv_silu(row, win, w_ptr, 2 * key_dim + hv * DV + vv, BV, KERN, dt)
-        tl.debug_barrier()  # every thread has read its taps before any is overwritten
-        _conv_shift(row, win, 2 * key_dim + hv * DV + vv, KERN)  # these v channels are this program's alone
-        # The q and k channels of key head kh are read by all REP * NV programs of its value heads:
-        # the last of them to take a ticket (after its reads) shifts their windows and resets it.
-        ticket = tl.atomic_add(cnt_ptr + qk_tickets + b * (tl.num_programs(1) // REP) + kh, 1, sem="acq_rel",
-                               scope="gpu")
-        if ticket == REP * NV - 1:
-            _conv_shift(row, win, kh * DK + kk, KERN)
-            _conv_shift(row, win, key_dim + kh * DK + kk, KERN)
-            tl.atomic_xchg(cnt_ptr + qk_tickets + b * (tl.num_programs(1) // REP) + kh, 0, sem="relaxed",
-                           scope="gpu")
-    else:
-        q = tl.load(row + kh * DK + kk).to(tl.float32)
-        k = tl.load(row + key_dim + kh * DK + kk).to(tl.float32)
-        v = tl.load(row + 2 * key_dim + hv * DV + vv).to(tl.float32)
+    q = tl.load(row + kh * DK + kk).to(tl.float32)
+    k = tl.load(row + key_dim + kh * DK + kk).to(tl.float32)
+    v = tl.load(row + 2 * key_dim + hv * DV + vv).to(tl.float32)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) / q_scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     beta = _round(tl.sigmoid(tl.load(b_ptr + b * s_b + hv).to(tl.float32)), dt)
@@ -211,17 +169,19 @@ def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
     """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
     in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype. `nv`, `num_warps`:
     programs per value head and warps per program, in place of the rule's (kernels/tune/delta_sweep.py)."""
-    return _launch(mixed, None, None, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, num_k_heads,
-                   head_k_dim, head_v_dim, eps, nv, num_warps)
-
-
-def conv_delta_step(qkv, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
-                    num_k_heads: int, head_k_dim: int, head_v_dim: int, eps: float) -> torch.Tensor:
-    """conv_step and delta_step in one launch: qkv [B, C] (the raw projection); conv_cache [S, C, K-1]
-    shifted in place at `slots` as conv_step does; the rest as delta_step. The same values as the two
-    kernels, one launch and one kernel boundary fewer per layer (REGATE_CONV_IN_STEP, engine/fused.py)."""
-    return _launch(qkv, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight,
-                   num_k_heads, head_k_dim, head_v_dim, eps)
+    bsz, hv = b.shape
+    out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
+    nv = nv or programs_per_head(bsz, hv, head_v_dim)
+    num_warps = num_warps or (8 if nv == 1 else 4)
+    check_split(nv, num_warps, head_v_dim)
+    counters = _ticket_counters(mixed.device, bsz * hv) if nv > 1 else out  # unused when no head is split
+    o_buf = torch.empty(bsz * hv * head_v_dim, dtype=torch.float32, device=mixed.device) if nv > 1 else out
+    delta_step_kernel[(bsz, hv, nv)](
+        mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, o_buf, counters,
+        num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
+        rec_cache.stride(0), out.stride(0), REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv,
+        num_warps=num_warps, **pdl.launch_options(mixed.device))
+    return out
 
 
 def check_split(nv: int, num_warps: int, dv: int) -> None:
@@ -231,25 +191,3 @@ def check_split(nv: int, num_warps: int, dv: int) -> None:
         raise ValueError(f"delta_step: nv={nv} must be a power of two splitting head_v_dim={dv} into blocks of >= 8")
     if num_warps not in WARPS:
         raise ValueError(f"delta_step: num_warps={num_warps} must be one of {WARPS}")
-
-
-def _launch(mixed, conv_cache, conv_weight, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, num_k_heads,
-            head_k_dim, head_v_dim, eps, nv=None, num_warps=None) -> torch.Tensor:
-    bsz, hv = b.shape
-    out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
-    nv = nv or programs_per_head(bsz, hv, head_v_dim)
-    num_warps = num_warps or (8 if nv == 1 else 4)
-    check_split(nv, num_warps, head_v_dim)
-    conv = conv_cache is not None
-    # tickets: [0, B*Hv) the gated norm's when a head is split; [B*Hv, B*Hv + B*Hk) the q/k windows'
-    need = bsz * hv + bsz * num_k_heads if conv else bsz * hv * (nv > 1)
-    counters = _ticket_counters(mixed.device, need) if need else out  # unused when none is needed
-    o_buf = torch.empty(bsz * hv * head_v_dim, dtype=torch.float32, device=mixed.device) if nv > 1 else out
-    delta_step_kernel[(bsz, hv, nv)](
-        mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, o_buf, counters,
-        conv_cache if conv else out, conv_weight if conv else out,
-        num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
-        rec_cache.stride(0), out.stride(0), conv_cache.stride(0) if conv else 0, bsz * hv,
-        REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv, KERN=conv_weight.shape[1] if conv else 1,
-        CONV=conv, num_warps=num_warps, **pdl.launch_options(mixed.device))
-    return out

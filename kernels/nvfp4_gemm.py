@@ -88,16 +88,12 @@ def prepare(w: Nvfp4Weight) -> None:
         w.release_checkpoint_layout()  # the operand holds the same bytes: keep them once
 
 
-def matmul(x, w: Nvfp4Weight, ablate: str | None = None) -> torch.Tensor:
-    """x bf16 [M, K] (or [..., K]), or an RmsFold [M, K] (engine/rms_fold.py) -> bf16 [M, N] (or [..., N]).
-    `ablate`: timing only (tile_gemm's)."""
-    from kernels import tile_gemm
-    from engine.rms_fold import RmsFold
-
-    if isinstance(x, RmsFold) and w.kernel_operand is None:
-        x = x.materialize()  # the Triton kernel cannot apply the factors
+def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None) -> torch.Tensor:
+    """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N]). `ablate`: timing only (tile_gemm's)."""
     lead = x.shape[:-1]
-    x2 = x if isinstance(x, RmsFold) else x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    from kernels import tile_gemm
+
     if w.kernel_operand is not None:  # every M; the checkpoint layout is released
         y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate)
     elif ablate is not None:  # the checkpoint layout's bytes, as tile_gemm's ablation reads an operand's
@@ -144,11 +140,10 @@ def matmul_merged(x: torch.Tensor, m, ablate: str | None = None) -> torch.Tensor
 
 
 def _warm_tile(op, row_scale=None) -> None:
-    """One call per table row, the split-K counters allocated and, where some M takes it, the
-    dequant path's kernel compiled, so nothing loads or allocates lazily during a CUDA-graph capture."""
+    """One call per table row and, where some M takes it, the dequant path's kernel compiled, so nothing
+    loads or allocates lazily during a CUDA-graph capture."""
     from kernels import tile_gemm
 
-    tile_gemm.split_counters(op.words.device)
     if table.dequant_from(1 << 30, op.n, op.k):  # the dequant path's Triton kernel, on one row tile
         from kernels.tile_dequant import dequantize_tile
         from kernels.tile_layout import TileOperand

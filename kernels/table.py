@@ -113,18 +113,9 @@ Config = TileConfig | WgmmaConfig
 # every built config beside the incumbent; docs/lab/2026-11-30_2026-12-03-kernel-notes.md has the runners-up). The M <= 8 row
 # from the 2026-12-02 01:4x UTC sweep at M 8 and 12 (head shape): M=8 mma.sync 0.195 ms against the
 # wgmma row's 0.214; at M=12 the wgmma row stays (0.231; its best rival, bm16 wg2 rb1, 0.229).
-# M 9-16 (batch-16 decode): REGATE_TILE_M16=mma puts them on the mma.sync kernel, an A/B switch. Alone,
-# on the head's shape, wgmma wins (below); inside a decode step the wgmma kernel also waits on its
-# x_tiles kernel, one more launch and grid boundary per GEMM (256 per 64-layer step), while the
-# mma.sync kernel reads x as it is and loads its first weights before the PDL wait (tile_gemm.py).
-M16_CONFIGS: dict[str, Config] = {"wgmma": WgmmaConfig(16, 1, 2),
-                                  "mma": TileConfig(2, 2, 4, x_shared=True, min_ctas=4)}
-M16 = os.environ.get("REGATE_TILE_M16", "wgmma")
-if M16 not in M16_CONFIGS:
-    raise ValueError(f"REGATE_TILE_M16: expected one of {sorted(M16_CONFIGS)}, found {M16!r}")
 TILE: tuple[tuple[int, Config], ...] = (
     (8, TileConfig(1, 1, 4)),  # M=1: 0.181 ms; M=4: 0.186; M=8: 0.195
-    (16, M16_CONFIGS[M16]),  # M=16: wgmma 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,2,4,shared,4: 0.253)
+    (16, WgmmaConfig(16, 1, 2)),  # M=16: wgmma 0.222 ms (bm16 wg2 rb1: 0.237; mma.sync 2,2,4,shared,4: 0.253)
     (64, WgmmaConfig(64, 2, 1)),  # M=64: 0.359 ms (bm64 wg2 rb2: 0.374)
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256

@@ -22,40 +22,28 @@ from pathlib import Path
 import torch
 
 from kernels import table
-from engine.rms_fold import RmsFold
-from kernels.table import Config, TileConfig, WgmmaConfig
+from kernels.table import Config, WgmmaConfig
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, TileOperand
 from kernels.triton_gemm import nvfp4_gemm
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu", "l2_prefetch.cu")
+SOURCES = ("tile_gemm_binding.cpp", "nvfp4_tile_gemm.cu", "nvfp4_wgmma_gemm.cu")
 # sm_90a: wgmma exists only in the arch-specific target (H100/H200), which is what sm_90 served anyway.
 CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
 SPLIT_MAX = 32
-# How far K is split: until the CTAs fill the SMs SPLIT_WAVES times over. SPLIT_EVEN=1: only split
-# counts that divide the K groups exactly (every split equal work); 0 (the default): ceil(groups /
-# wanted splits) groups per split, the last split shorter, so a K of 68 groups (down_proj) is not
-# stuck at 4 splits. On the H200 (kernels/tune/split_sweep.py, 27B decode shapes, weights past L2):
-# at M=16 a GDN layer's four GEMMs 112.6 -> 100.1 us (down_proj 33.7 -> 24.7 us); at M=1 the splits
-# are the same either way. More waves (4, 8, 16) gained nothing at M=1 and at most 1% at M=16:
-# a decode GEMM's time over its floor is its ramp and tail, not a lack of warps in flight.
-# docs/lab/2026-12-04-split-k.md.
+# How far K is split: until the CTAs fill the SMs SPLIT_WAVES times over, ceil(groups / wanted
+# splits) groups per split, the last split shorter, so a K of 68 groups (down_proj) is not stuck at
+# 4 splits. On the H200 (kernels/tune/split_sweep.py, 27B decode shapes, weights past L2): at M=16 a
+# GDN layer's four GEMMs 112.6 -> 100.1 us against splits that divide the groups exactly (down_proj
+# 33.7 -> 24.7 us); at M=1 the splits are the same either way. More waves (4, 8, 16) gained nothing
+# at M=1 and at most 1% at M=16: a decode GEMM's time over its floor is its ramp and tail, not a lack
+# of warps in flight. docs/lab/2026-12-04-split-k.md. A split GEMM's partials are summed by the
+# reduce kernel, or by the consumer (SplitSum); switches measured slower and removed (the even
+# splits, the sum in the GEMM's last CTA, an L2 prefetch before the PDL wait, a shared-memory ring):
+# docs/lab/2026-12-07-deleted-switches.md.
 SPLIT_WAVES = int(os.environ.get("REGATE_SPLIT_WAVES", "2"))
-SPLIT_EVEN = os.environ.get("REGATE_SPLIT_EVEN", "0") == "1"
-# Split-K arrival counters per device (csrc/split_k.cuh): enough for 65536 CTA columns; a grid with
-# more falls back to the separate reduce kernel. The in-kernel sum is OFF unless
-# REGATE_SPLITK_IN_KERNEL=1: bit-identical, one launch fewer per split GEMM, but measured slower on the
-# H200 (27b cut to 16 layers, packed arm, merged projections: 2.43 -> 2.48 ms/step at batch 1, 3.62 ->
-# 3.93 at batch 16; docs/lab/2026-12-03-merged-projections.md); kept, tested, for a later fix.
-COUNTERS = 1 << 16
-# K groups of its weights each warp of the mma.sync kernel prefetches into L2 before it waits on the
-# kernel before it (csrc/nvfp4_tile_decode.cuh prefetch_groups): the weight stream starts during the
-# previous kernels' tail. Off by default: on the H200 (27b, 64 layers, packed arm, batch 1, PDL on) 4
-# groups made a decode step slower, 6.79 -> 7.14 ms (docs/lab/2026-12-04-prefill.md); REGATE_GEMM_PREFETCH=N
-# turns it on for an A/B.
-PREFETCH_GROUPS = int(os.environ.get("REGATE_GEMM_PREFETCH", "0"))
 # K groups (0-2) of its weights each warp of the mma.sync kernel loads into registers before it waits
 # on the kernel before it (csrc/nvfp4_tile_gemm.cu): the weight stream of a decode GEMM starts while
 # the small kernels before it run, instead of after them. Only inside a CUDA graph capture: a graph
@@ -72,33 +60,17 @@ EARLY_GROUPS = int(os.environ.get("REGATE_GEMM_EARLY_WEIGHTS", "1"))
 PREFETCH_AHEAD = int(os.environ.get("REGATE_GEMM_PREFETCH_AHEAD", "0"))
 if PREFETCH_AHEAD != 0 and not 2 <= PREFETCH_AHEAD <= 16:
     raise ValueError(f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {PREFETCH_AHEAD}")
-# The same loop at M <= 8 with each warp's weights streamed through a ring of N K groups in shared memory
-# instead of the registers' ping-pong (csrc/nvfp4_tile_gemm.cu RING, its own instantiation): one lane's
-# bulk copies refill a slot as soon as it is read, so N groups stay in flight while the warp computes,
-# at no register cost. Capped per config where the slots would fit fewer CTAs on an SM (below 2: the
-# ping-pong kernel); with PREFETCH_AHEAD also set, the ring runs. Same values, same order of sums,
-# eagerly as in a graph. REGATE_GEMM_RING=N (2..8; 0, the default: off until an A/B).
-RING_STAGES = int(os.environ.get("REGATE_GEMM_RING", "0"))
-if RING_STAGES != 0 and not 2 <= RING_STAGES <= 8:
-    raise ValueError(f"REGATE_GEMM_RING: expected 0 (off) or 2..8 K groups, found {RING_STAGES}")
-_counters: dict[int, torch.Tensor] = {}
-# Called with (op, m, sms) after each launch while a decode step runs with REGATE_L2_PREFETCH (set and
-# cleared by kernels/l2_prefetch.py, which forks the next GEMM's weights into L2 from it); else None.
-after_launch = None
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
 
 def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
     """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs SPLIT_WAVES
-    times over (see SPLIT_WAVES, SPLIT_EVEN); the launch has ceil(groups / this) splits."""
+    times over (see SPLIT_WAVES); the launch has ceil(groups / this) splits."""
     ctas = -(-n_main // cfg.cta_rows) * -(-m // cfg.cta_m)
     groups = k // K_GROUP
     want = min(SPLIT_MAX, -(-SPLIT_WAVES * sms // ctas), groups)
-    if not SPLIT_EVEN:
-        return -(-groups // want)
-    splits = max(d for d in range(1, want + 1) if groups % d == 0)
-    return groups // splits
+    return -(-groups // want)
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,19 +109,6 @@ def early_groups() -> int:
     return EARLY_GROUPS if EARLY_GROUPS > 0 and torch.cuda.is_current_stream_capturing() else 0
 
 
-def split_counters(device: torch.device) -> torch.Tensor | None:
-    """The device's split-K arrival counters (zeroed once; each launch leaves them zero), or None:
-    the splits are then summed by a second kernel. Never first allocated inside a graph capture."""
-    if os.environ.get("REGATE_SPLITK_IN_KERNEL", "0") != "1":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _counters:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        _counters[index] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return _counters[index]
-
-
 @dataclass(frozen=True)
 class SplitSum:
     """A split-K GEMM's output left unsummed for its consumer to sum as it reads it (one launch and
@@ -172,7 +131,7 @@ class SplitSum:
         return (acc * self.scale).to(torch.bfloat16)
 
 
-def tile_gemm(x: torch.Tensor | RmsFold, op: TileOperand, global_scale: float, *,
+def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
               row_scale: torch.Tensor | None = None, defer_sum: bool = False,
@@ -185,11 +144,7 @@ def tile_gemm(x: torch.Tensor | RmsFold, op: TileOperand, global_scale: float, *
     `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
     `ablate` (engine/ablate.py, timing only): "free" launches nothing, "empty" one kernel that does
     nothing, "read" only a plain read of the operand's bytes (kernels/plain_read.py); the output (y or
-    the SplitSum) is allocated as for the GEMM and left unwritten. `x` may be an RmsFold
-    (engine/rms_fold.py): the M <= 8 kernels (m_tiles 1, x via L1) apply its rows' factors in their
-    epilogue; any other launch (or a tail) takes its materialized rows."""
-    fold = x if isinstance(x, RmsFold) else None
-    x = fold.scaled if fold is not None else x
+    the SplitSum) is allocated as for the GEMM and left unwritten."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -203,40 +158,27 @@ def tile_gemm(x: torch.Tensor | RmsFold, op: TileOperand, global_scale: float, *
             return _ablated(op, ablate, y)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
-        x = fold.materialize() if fold is not None else x
         dequant_gemm(x, op, global_scale, row_scale, y)
         return _tail(x, op, global_scale, y)
     cfg = config or table.tile_config(m, op.n, k)
-    if fold is not None and not folds(cfg, op):
-        x, fold = fold.materialize(), None
     gps = groups_per_split(m, op.n_main, k, cfg, sms)
     splits = -(-(k // K_GROUP) // gps)
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
     if ablate is not None:  # a split launch not left to its consumer is two launches: the GEMM, its reduce
-        launches = 2 if splits > 1 and not defer and split_counters(x.device) is None else 1
+        launches = 2 if splits > 1 and not defer else 1
         return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches)
-    counters = split_counters(x.device) if splits > 1 and not defer else None
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
-                                   cfg.row_blocks, gps, row_scale, counters, defer)
+                                   cfg.row_blocks, gps, row_scale, defer)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
-                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, counters,
-                                  PREFETCH_GROUPS, defer, early_groups(), PREFETCH_AHEAD, RING_STAGES,
-                                  fold.ss if fold is not None else None, fold.eps if fold is not None else 0.0)
-    if after_launch is not None:  # inside a decode step with REGATE_L2_PREFETCH: the next GEMM's weights
-        after_launch(op, m, sms)
+                                  cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, defer,
+                                  early_groups(), PREFETCH_AHEAD)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
-
-
-def folds(cfg: Config, op: TileOperand) -> bool:
-    """Whether a launch with `cfg` on `op` applies an RmsFold's factors itself: the mma.sync kernel at
-    m_tiles 1 with x via L1 (csrc/nvfp4_tile_gemm.cu), on an operand without Triton tail rows."""
-    return isinstance(cfg, TileConfig) and cfg.m_tiles == 1 and not cfg.x_shared and op.n == op.n_main
 
 
 ABLATE_MODES = ("free", "empty", "read")

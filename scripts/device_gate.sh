@@ -31,11 +31,10 @@
 #   fused    the fused decode kernels against their reference twins on the GPU (tests/test_fused_decode.py),
 #            then `engine bench` of the packed arm on the 27b shape cut to $FUSED_LAYERS (default 8) layers,
 #            batch 1 and 16, REGATE_FUSED_DECODE=0 and =1 side by side, interleaved
-#   merge    the merged projections and the in-kernel split-K sum against their twins on the GPU
-#            (tests/test_projections_cuda.py, test_kernels_cuda.py, test_fused_decode.py), then `engine bench`
-#            of the packed arm on the 27b shape cut to $MERGE_LAYERS (default 16) layers, batch 1 and 16, three
-#            variants ($MERGE_VARIANTS, digits = REGATE_MERGE_PROJECTIONS, REGATE_SPLITK_IN_KERNEL) interleaved:
-#            neither (00), the split-K sum in the kernel alone (01), both (11)
+#   merge    the merged projections against their twins on the GPU (tests/test_projections_cuda.py,
+#            test_kernels_cuda.py, test_fused_decode.py), then `engine bench` of the packed arm on the 27b shape
+#            cut to $MERGE_LAYERS (default 16) layers, batch 1 and 16, the variants of $MERGE_VARIANTS
+#            (REGATE_MERGE_PROJECTIONS values, default "0 1") interleaved
 #   ab       A/B of environment switches: $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
 #            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
@@ -262,13 +261,13 @@ stage_merge() {
     ${MERGE_TESTS:-tests/test_projections_cuda.py tests/test_kernels_cuda.py tests/test_fused_decode.py} 2>&1 | tail -25
   local L=${MERGE_LAYERS:-16} B V ck
   ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
-  for B in ${MERGE_BATCHES:-1 16}; do for V in ${MERGE_VARIANTS:-00 01 11}; do
-    REGATE_MERGE_PROJECTIONS=${V:0:1} REGATE_SPLITK_IN_KERNEL=${V:1:1} PYTHONPATH=$PWD timeout 120 $PY -m engine.cli bench \
+  for B in ${MERGE_BATCHES:-1 16}; do for V in ${MERGE_VARIANTS:-0 1}; do
+    REGATE_MERGE_PROJECTIONS=$V PYTHONPATH=$PWD timeout 120 $PY -m engine.cli bench \
       --model "$ck" --backend cuda --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json \
       2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-v$V.json"
     $PY -c "
 import json; r = json.load(open('$OUT/bench-${L}L-b$B-v$V.json')); p = r['params']
-print('27b-${L}L batch', p['batch'], 'merge,splitk-in-kernel=$V', round(r['ms_per_step'], 3), 'ms/step',
+print('27b-${L}L batch', p['batch'], 'merge=$V', round(r['ms_per_step'], 3), 'ms/step',
       round(r['decode_tok_s'], 1), 'tok/s prefill', round(r['prefill_ms'], 1), 'ms')" || echo "bench b$B v$V failed"
   done; done
 }

@@ -13,15 +13,13 @@
 #          (kernels/tune/attention_sweep.py), each checked against the engine's launch, then timed
 #   samplebench  the decode step's pick on kernels/sample.py against torch's topk + argmax (graph replays, 27b
 #          vocabulary, batches SAMPLE_BATCHES, default "1,16"; bit-identical checked first)
-#   normsweep  the residual add + RMSNorm's warps and programs a row (kernels/tune/norm_sweep.py; NORM_BATCHES
-#          default "1,16", NORM_SPLITS default "0,4,7", NORM_CHUNKS default "1,2,5,10,20,40"), each checked
-#          against the one-program launch, as graph replays
+#   normsweep  the residual add + RMSNorm's warps a row (kernels/tune/norm_sweep.py; NORM_BATCHES default "1,16",
+#          NORM_SPLITS default "0,4,7"), each checked against the engine's launch, as graph replays
 #   dequantsweep  dequantize + cuBLAS against the tile kernels at prefill-sized M (kernels/tune/dequant_sweep.py;
 #          DEQUANT_MS, default "128,256,512,1024,2048,4096"): the crossovers for kernels/table.py DEQUANT_BY_SHAPE
 #   readfloor  what a plain read of each 27B GEMM's bytes costs (kernels/tune/read_floor.py), beside the tile GEMM
 #          at M=1 on the same bytes: is the GEMM's ~5 us over bytes / bandwidth its own, or any read's?
-#          READ_AHEAD=0,4,8: the GEMM also at each REGATE_GEMM_PREFETCH_AHEAD (groups prefetched into L2 ahead);
-#          READ_RING=0,3,4: at each REGATE_GEMM_RING (the weights through a ring of K groups in shared memory)
+#          READ_AHEAD=0,4,8: the GEMM also at each REGATE_GEMM_PREFETCH_AHEAD (groups prefetched into L2 ahead)
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -49,14 +47,14 @@ stage_test() {
 stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
   local t0=$SECONDS; $PY -c "from kernels.tile_gemm import extension; extension()"; echo "extension build $((SECONDS - t0)) s"
   $PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_projections_cuda.py -rs -x \
-    -k "${TILE_TESTS:-tile or prepare or graph or early or ahead or ring}"
+    -k "${TILE_TESTS:-tile or prepare or graph or early or ahead}"
   $PY -c 'from kernels.build import build; print(build()[0])'
 }
 stage_tilesweep() {
   $PY -m kernels.tune.bench --tile-sweep --shapes "${SWEEP_SHAPES:-lm_head}" --ms "${SWEEP_MS:-1,4,16,64,256}" \
     --tile-kinds "${SWEEP_KINDS:-sync,wgmma}" --sweep-out "$OUT/tilesweep.json" | grep -v '^{'
 }
-stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES x SPLIT_EVEN at the 27B decode shapes
+stage_splitsweep() {  # kernels/tune/split_sweep.py: SPLIT_WAVES at the 27B decode shapes
   $PY -m kernels.tune.split_sweep --ms "${SWEEP_MS:-1,16}" --waves "${SWEEP_WAVES:-2,4,8,16}" > "$OUT/splitsweep.txt"
   head -n -1 "$OUT/splitsweep.txt"; tail -1 "$OUT/splitsweep.txt" > "$OUT/splitsweep.json"
 }
@@ -85,12 +83,11 @@ stage_dequantsweep() {  # its kernel's tests on the GPU first (bit for bit again
   head -n -1 "$OUT/dequantsweep.txt"; tail -1 "$OUT/dequantsweep.txt" > "$OUT/dequantsweep.json"
 }
 stage_readfloor() {
-  $PY -m kernels.tune.read_floor --ahead "${READ_AHEAD:-}" --ring "${READ_RING:-}" > "$OUT/readfloor.txt" || return 1
+  $PY -m kernels.tune.read_floor --ahead "${READ_AHEAD:-}" > "$OUT/readfloor.txt" || return 1
   head -n -1 "$OUT/readfloor.txt"; tail -1 "$OUT/readfloor.txt" > "$OUT/readfloor.json"
 }
 stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }
-stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}" \
-  --chunks "${NORM_CHUNKS:-1,2,5,10,20,40}"; }
+stage_normsweep() { $PY -m kernels.tune.norm_sweep --batches "${NORM_BATCHES:-1,16}" --splits "${NORM_SPLITS:-0,4,7}"; }
 stage_tilebench() { $PY -m kernels.tune.bench --tile-table-from "$OUT/tilesweep.json"; }  # after tilesweep
 stage_sweep() {
   $PY -m kernels.tune.bench --sweep --shapes "${SWEEP_SHAPES:-lm_head,down_proj}" --ms "${SWEEP_MS:-1,4,16,64,256}"

@@ -45,7 +45,7 @@ def test_parse_refuses_what_it_does_not_know_naming_the_variable(text, match):
 def _recording_kernels(calls: list) -> SimpleNamespace:
     def fn(name):
         return lambda *a, **kw: calls.append(name) or name
-    names = ("rms_norm", "add_rms_norm", "conv_step", "delta_step", "conv_delta_step", "attention_prep",
+    names = ("rms_norm", "add_rms_norm", "conv_step", "delta_step", "attention_prep",
              "paged_decode_gated", "silu_mul", "delta_prefill")
     return SimpleNamespace(prefill=True, **{n: fn(n) for n in names})
 
@@ -56,12 +56,12 @@ def test_the_fused_kernels_of_an_ablated_part_launch_nothing_and_return_their_sh
     out = ablate.fused(ns, ablate.parse("norm+delta_rule+attention"))
     h, z = torch.randn(2, 8), torch.randn(2, 6, dtype=torch.bfloat16)
     assert out.rms_norm(h, None, 1e-6) is h
-    res, x = out.add_rms_norm(h, object(), None, 1e-6, chunks=4)
+    res, x = out.add_rms_norm(h, object(), None, 1e-6, num_warps=4)
     assert res is h and x is h
     qkv = torch.randn(2, 12)
     assert out.conv_step(qkv, None, None, None) is qkv
-    for y in (out.delta_step(qkv, z, None, None), out.conv_delta_step(qkv, None, None, z, None, None)):
-        assert y.shape == z.shape and y.dtype == z.dtype
+    y = out.delta_step(qkv, z, None, None)
+    assert y.shape == z.shape and y.dtype == z.dtype
     q = torch.randn(3, 4, 16, dtype=torch.bfloat16)
     assert out.attention_prep(q, None, None) is q
     o = out.paged_decode_gated(q, None, None, None, None, None, 1.0)
@@ -216,18 +216,3 @@ def test_the_orchestrators_measuring_commands_refuse_to_start(orchestrator_app, 
 def test_the_orchestrators_other_commands_still_run(orchestrator_app):
     res = CliRunner().invoke(orchestrator_app, ["owed", "--help"], env={"REGATE_ABLATE": "norm"})
     assert res.exit_code == 0, res.output
-
-
-def test_an_ablated_folded_norm_launches_nothing_and_returns_a_fold_for_the_gemm():
-    from engine.rms_fold import RmsFold
-
-    calls: list = []
-    ns = _recording_kernels(calls)
-    ns.rms_norm_fold = ns.add_rms_norm_fold = lambda *a, **kw: calls.append("fold")
-    out = ablate.fused(ns, ablate.parse("norm"))
-    h = torch.randn(2, 8).to(torch.bfloat16)
-    fold = out.rms_norm_fold(h, None, 1e-6)
-    res, fold2 = out.add_rms_norm_fold(h, object(), None, 1e-6)
-    for f in (fold, fold2):
-        assert isinstance(f, RmsFold) and f.scaled is h and f.ss.shape == (2, 1) and f.eps == 1e-6
-    assert res is h and calls == []

@@ -152,16 +152,6 @@ def test_a_graph_replays_a_captured_copy_as_a_copy_kernel_of_its_own_name():
     assert out == {"norm": 8, "other": 8, "lm_head": 8, "idle": 100 - 24}
 
 
-def test_a_side_streams_prefetch_is_matched_apart_from_the_main_streams_kernels():
-    """kernels/l2_prefetch.py's kernel runs on a side stream: a replay starts it at another point among
-    the main stream's kernels than the eager step launched it; each stream keeps its own order."""
-    eager = (["gather", "rms", "gemm", "l2_prefetch_kernel", "topk"], ["other", "norm", "lm_head", "prefetch", "sample"])
-    out = device_parts(_graph_trace(["gather", "rms", "gemm", "topk", "l2_prefetch_kernel"]), eager)
-    assert out == {"norm": 8, "other": 8, "lm_head": 8, "prefetch": 8, "sample": 8, "idle": 100 - 40}
-    with pytest.raises(AttributionError, match="activity 2 of a CUDA graph replay is 'topk'"):
-        device_parts(_graph_trace(["gather", "rms", "topk", "gemm", "l2_prefetch_kernel"]), eager)
-
-
 def test_a_graph_replay_outside_the_span_is_not_mapped_to_the_decode_step():
     """A prefill replayed from its own graph (engine/prefill_graphs.py) before the decode window runs
     other kernels than the decode step; it lies outside the span, so it is left out, never refused."""

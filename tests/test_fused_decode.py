@@ -106,73 +106,6 @@ def test_delta_step_split_over_programs_matches_the_reference_step_after_step(mo
         assert int(gdn_decode._ticket_counters(DEV, hv).abs().sum()) == 0  # every head reset its counter
 
 
-def _conv_delta_pair(hk, hv, dk, dv, bsz, n_slots, kern, gen, device):
-    """Inputs of a decode step and two copies of its caches: one for conv_step + delta_step, one for
-    conv_delta_step."""
-    r = lambda *s, scale=1.0: torch.randn(*s, generator=gen, device=gen.device) * scale  # noqa: E731
-    conv_dim = 2 * hk * dk + hv * dv
-    fixed = dict(conv_w=r(conv_dim, kern, scale=0.5).to(BF16), a_log=r(hv, scale=0.5).to(BF16),
-                 dt_bias=r(hv, scale=0.5).to(BF16), norm_w=(1 + r(dv, scale=0.1)).to(BF16))
-    conv, rec = r(n_slots, conv_dim, kern - 1).to(BF16), r(n_slots, hv, dk, dv, scale=0.1)
-    caches = {"two": (conv.to(device), rec.to(device)), "one": (conv.clone().to(device), rec.clone().to(device))}
-    return r, {k: v.to(device) for k, v in fixed.items()}, caches
-
-
-def _conv_delta_step_both(r, fx, caches, slots, hk, hv, dk, dv):
-    bsz, conv_dim = len(slots), 2 * hk * dk + hv * dv
-    dev = fx["conv_w"].device
-    qkv, z = r(bsz, conv_dim).to(BF16).to(dev), r(bsz, hv * dv).to(BF16).to(dev)
-    b, a = r(bsz, hv).to(BF16).to(dev), r(bsz, hv).to(BF16).to(dev)
-    heads = dict(num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=1e-6)
-    conv, rec = caches["two"]
-    mixed = gdn_decode.conv_step(qkv, conv, slots, fx["conv_w"])
-    two = gdn_decode.delta_step(mixed, z, b, a, rec, slots, fx["a_log"], fx["dt_bias"], fx["norm_w"], **heads)
-    conv, rec = caches["one"]
-    one = gdn_decode.conv_delta_step(qkv, conv, fx["conv_w"], z, b, a, rec, slots, fx["a_log"], fx["dt_bias"],
-                                     fx["norm_w"], **heads)
-    return two, one
-
-
-@pytest.mark.parametrize("split", ["0", "1"])
-def test_conv_delta_step_is_conv_step_then_delta_step(monkeypatch, split):
-    """One launch for both decode kernels: the same conv windows (shifted once, by the last reader of
-    each key head's q/k channels), the same states and outputs, three steps in a row (every ticket
-    back at zero), rows on scattered slots. Bit for bit under the interpreter; on a GPU the two
-    compiled kernels may order FP32 sums differently, so there the states and outputs are close."""
-    monkeypatch.setenv("REGATE_DELTA_SPLIT", split)
-    hk, hv, dk, dv = 2, 6, 32, 64
-    r, fx, caches = _conv_delta_pair(hk, hv, dk, dv, 2, 5, 4, torch.Generator().manual_seed(21), torch.device("cpu"))
-    fx = {k: v.to(DEV) for k, v in fx.items()}
-    caches = {k: (c.to(DEV), s.to(DEV)) for k, (c, s) in caches.items()}
-    slots = torch.tensor([3, 0], device=DEV)
-    for _ in range(3):
-        two, one = _conv_delta_step_both(r, fx, caches, slots, hk, hv, dk, dv)
-        assert torch.equal(caches["one"][0], caches["two"][0])  # the windows: copies, exact everywhere
-        if DEV.type == "cpu":
-            assert torch.equal(one, two) and torch.equal(caches["one"][1], caches["two"][1])
-        else:
-            torch.testing.assert_close(caches["one"][1], caches["two"][1], rtol=1e-5, atol=1e-6)
-            assert _ulps(one, two).max() <= 2.0
-    assert int(gdn_decode._ticket_counters(DEV, 1).abs().sum()) == 0  # every ticket was reset
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the programs race only on a GPU")
-def test_conv_delta_step_agrees_with_the_two_kernels_over_many_steps_at_the_27b_shape():
-    """48 value heads of 16 key heads at batch 1 (8 programs per head: 24 readers of each q/k window)
-    and batch 4, 30 steps: a window shifted before one of its readers read it shows as a different
-    output or state in some step, and as different windows."""
-    hk, hv, dk, dv = 16, 48, 128, 128
-    for bsz in (1, 4):
-        r, fx, caches = _conv_delta_pair(hk, hv, dk, dv, bsz, 6, 4, torch.Generator(device="cuda").manual_seed(bsz),
-                                         torch.device("cuda"))
-        slots = torch.tensor([5, 2, 0, 3][:bsz], device="cuda")
-        for _ in range(30):
-            two, one = _conv_delta_step_both(r, fx, caches, slots, hk, hv, dk, dv)
-            assert torch.equal(caches["one"][0], caches["two"][0])
-            torch.testing.assert_close(caches["one"][1], caches["two"][1], rtol=1e-5, atol=1e-6)
-            assert _ulps(one, two).max() <= 2.0
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the programs race only on a GPU")
 def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monkeypatch):
     """The 27b head shapes at batch 1 (48 heads x 8 programs): 30 steps with the split and without,
@@ -290,44 +223,6 @@ def test_add_rms_norm_sums_split_k_partials_as_the_reduce_kernel_does(splits):
         decode_norm.add_rms_norm(h[:2].to(DEV), d, w.to(DEV), 1e-6)
 
 
-@pytest.mark.parametrize("chunks, splits, rows", [(2, 0, 1), (5, 4, 1), (8, 7, 3), (40, 7, 16), (3, 0, 2)])
-def test_a_row_spread_over_programs_gives_the_one_program_rows(chunks, splits, rows):
-    """add_rms_norm with `chunks` programs a row (REGATE_NORM_CHUNKS): the residual bit for bit, the
-    normed row within 1 BF16 ulp of the one-program kernel's (the sum of squares in chunk order), twice
-    in a row (the arrival counts are left at zero); past CHUNKED_MAX_ROWS rows the one-program kernel."""
-    from kernels.tile_gemm import SplitSum
-
-    g = torch.Generator().manual_seed(chunks * 10 + splits)
-    n = 5120 if chunks != 3 else 300  # 300 in chunks of 128: 3 programs, the last one part masked
-    h, w = (torch.randn(rows, n, generator=g) * 3).to(BF16), (torch.randn(n, generator=g) * 0.1).to(BF16)
-    if splits:
-        d = SplitSum((torch.randn(splits, rows, n, generator=g) * 40.0).to(DEV), n, 3e-3)
-    else:
-        d = torch.randn(rows, n, generator=g).to(BF16).to(DEV)
-    ref_res, ref_out = decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=1)
-    for _ in range(2):
-        res, out = decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=chunks)
-        assert torch.equal(res, ref_res) and _ulps(out.cpu(), ref_out.cpu()).max() <= 1.0
-        assert not decode_norm.arrival_counters(DEV).any()
-    assert _ulps(out.cpu(), RMSNorm(w, 1e-6)(ref_res.cpu())).max() <= 1.0
-    with pytest.raises(ValueError, match="chunks=0 must be >= 1"):
-        decode_norm.add_rms_norm(h.to(DEV), d, w.to(DEV), 1e-6, chunks=0)
-
-
-def test_the_chunked_norm_serves_few_rows_only(monkeypatch):
-    """More rows than CHUNKED_MAX_ROWS (a prefill) take the one-program kernel: its launch, not the chunked one."""
-    launched = []
-    for name in ("add_rms_norm_kernel", "add_rms_norm_chunk_kernel"):
-        kern = getattr(decode_norm, name)
-        monkeypatch.setattr(decode_norm, name, type("Spy", (), {"__getitem__": lambda self, grid, k=kern, n=name: (
-            launched.append((n, grid)), k[grid])[1]})())
-    h = torch.randn(decode_norm.CHUNKED_MAX_ROWS + 1, 256).to(BF16).to(DEV)
-    w = torch.zeros(256).to(BF16).to(DEV)
-    decode_norm.add_rms_norm(h, h, w, 1e-6, chunks=4)
-    decode_norm.add_rms_norm(h[:2], h[:2], w, 1e-6, chunks=4)
-    assert launched == [("add_rms_norm_kernel", (17,)), ("add_rms_norm_chunk_kernel", (2, 4))]
-
-
 @pytest.mark.parametrize("warps", [1, 4, 16, 32])
 def test_add_rms_norm_at_any_warp_count_matches_the_reference(warps):
     """kernels/tune/norm_sweep.py's launches: every warp count it times gives the reference's row (on a
@@ -421,18 +316,16 @@ def test_attention_prep_refuses_what_it_cannot_index():
                                       torch.zeros(1, dtype=torch.long), cache, cache)
 
 
-@pytest.mark.parametrize("conv_in_step, prefill_attention, bucket, norm_chunks, delta_chunk", [
-    (False, False, 0, 1, 0), (True, False, 0, 1, 0), (False, True, 0, 1, 0), (False, True, 16, 4, 0),
-    (False, True, 47, 1, 16)])
-def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, conv_in_step, prefill_attention,
-                                                                   bucket, norm_chunks, delta_chunk):
+@pytest.mark.parametrize("prefill_attention, bucket, delta_chunk", [
+    (False, 0, 0), (True, 0, 0), (True, 16, 0), (True, 47, 16)])
+def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, prefill_attention, bucket,
+                                                                   delta_chunk):
     """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
     greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; with the
-    conv step in delta_step's launch too (conv_delta_step instead of conv_step + delta_step), with
-    the prefill's attention on its kernel (kernels/paged_prefill.py), and so with the prefill padded
-    to a bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to
-    47 (an empty padding sequence); once with the decode step's norms over 4 programs a row, once
-    with the prefill's delta rule in chunks of 16 tokens (kernels/gdn_prefill_chunked.py)."""
+    prefill's attention on its kernel (kernels/paged_prefill.py), and so with the prefill padded to a
+    bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to 47
+    (an empty padding sequence); once with the prefill's delta rule in chunks of 16 tokens
+    (kernels/gdn_prefill_chunked.py)."""
     from engine.prefill_graphs import BUCKET_ENV
     from types import SimpleNamespace
 
@@ -451,18 +344,16 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, conv_in_step=conv_in_step,
+    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True,
                               prefill_attention=prefill_attention, **{name: counted(name, fn) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
-        ("conv_delta_step", gdn_decode.conv_delta_step),
         ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated),
         ("paged_prefill_gated", paged_prefill.paged_prefill_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
     monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
     monkeypatch.setenv(BUCKET_ENV, str(bucket))
-    monkeypatch.setattr(decode_norm, "NORM_CHUNKS", norm_chunks)
     monkeypatch.setattr(gdn_prefill, "CHUNK", delta_chunk)
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
@@ -473,9 +364,6 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
     # one prefill of the three prompts, its attention layers' norms, RoPE and K/V writes in attention_prep too
     assert calls["conv_prefill"] == calls["delta_prefill"] == calls["gated_rms_norm"] == gdn_layers
     assert calls.get("paged_prefill_gated", 0) == (layers - gdn_layers if prefill_attention else 0)
-    if conv_in_step:  # the two decode kernels are never called; the one fused call is, once per layer and step
-        assert "delta_step" not in calls and "conv_step" not in calls
-        calls["delta_step"] = calls["conv_step"] = calls.pop("conv_delta_step")
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
         assert calls["delta_step"] == calls["conv_step"] > 0
         assert calls["attention_prep"] == calls["paged_decode_gated"] + layers - gdn_layers > layers - gdn_layers

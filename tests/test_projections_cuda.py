@@ -1,6 +1,5 @@
 """On the GPU (skips without the tile GEMM): the merged projections' GEMM (per-row scales) against its
-members' GEMMs and the reference; the split-K sum inside the kernel against the separate reduce
-kernel, bit for bit; its counters across CUDA-graph replays; and the engine with merging on and off."""
+members' GEMMs and the reference; and the engine with merging on and off."""
 from __future__ import annotations
 
 import os
@@ -52,43 +51,6 @@ def test_merged_gemm_matches_its_members_and_the_reference(case):
             assert relative_error(part, ref) <= 1e-2, (case, w.name, rows)
             alone = matmul(x, w)  # the member on its view of the merged rows
             assert relative_error(alone, ref) <= 1e-2, (case, w.name, rows)
-
-
-@pytest.mark.parametrize("n,k", [(5120, 17408), (96, 5120), (1024, 6144)])
-def test_split_k_summed_in_the_kernel_is_the_reduce_kernels_sum(monkeypatch, n, k):
-    from kernels import tile_gemm
-
-    (w,) = _weights({"w": n}, k, _seed())
-    for rows in (1, 8, 16, 64):
-        x = torch.randn(rows, k, device="cuda").bfloat16()
-        cfg = tile_gemm.table.config_for(rows, tile_gemm.table.TILE)
-        assert tile_gemm.groups_per_split(rows, n, k, cfg, 132) < k // 256  # these shapes split K
-        monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", "0")
-        two_kernels = matmul(x, w)
-        monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", "1")
-        one_kernel = matmul(x, w)
-        assert torch.equal(one_kernel, two_kernels), (n, k, rows)
-    assert int(tile_gemm.split_counters(torch.device("cuda")).abs().sum()) == 0  # every launch left them zero
-
-
-def test_split_counters_survive_graph_replays(monkeypatch):
-    from kernels import tile_gemm
-
-    monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", "1")
-
-    ws = _weights({"o": 1024, "p": 1024}, 6144, _seed())
-    m = merge(ws)
-    x = torch.zeros(1, 6144, device="cuda").bfloat16()
-    matmul_merged(x, m)  # warm outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = matmul_merged(x, m)
-    for _ in range(5):
-        x.copy_(torch.randn(1, 6144, device="cuda"))
-        graph.replay()
-        assert torch.equal(y, matmul_merged(x, m))
-    torch.cuda.synchronize()
-    assert int(tile_gemm.split_counters(torch.device("cuda")).abs().sum()) == 0
 
 
 PROMPTS = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
@@ -182,8 +144,8 @@ def test_the_engine_sums_split_k_in_the_norm_bit_for_bit(monkeypatch):
 
 
 def _m8_configs():
-    """Every config the M <= 8 loop variants (PREFETCH_AHEAD, RING_STAGES) are built for: m_tiles 1, x
-    via L1; 1, 2 and 4 row tiles a warp, 4 and 8 warps, each register cap."""
+    """Every config the M <= 8 loop variant (PREFETCH_AHEAD) is built for: m_tiles 1, x via L1; 1, 2 and
+    4 row tiles a warp, 4 and 8 warps, each register cap."""
     from kernels.table import TileConfig
 
     return [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
@@ -222,45 +184,13 @@ def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
                 assert torch.equal(_replayed(x, op, w.global_scale, cfg), want), (m, cfg, ahead, "graph")
 
 
-@pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
-def test_ring_changes_nothing(monkeypatch, n, k):
-    """Weights streamed through a ring of K groups in shared memory (kernels/tile_gemm.py RING_STAGES, its
-    own kernel instantiation) give y bit for bit as the register ping-pong, at M 1, 5 and 8, for every
-    M <= 8 config it is built for, 2, 3 and 8 stages (8 is capped where it would cost CTAs an SM), eager
-    and replayed from a graph (where 1 or 2 slots fill before the PDL wait), split K summed by the
-    reduce kernel and in the kernel."""
-    from kernels import tile_gemm
-
-    (w,) = _weights({"w": n}, k, _seed())
-    op = w.kernel_operand
-    configs = _m8_configs()
-    for in_kernel in ("0", "1"):
-        monkeypatch.setenv("REGATE_SPLITK_IN_KERNEL", in_kernel)
-        for m in (1, 5, 8):
-            x = torch.randn(m, k, device="cuda").bfloat16()
-            for cfg in configs:
-                monkeypatch.setattr(tile_gemm, "RING_STAGES", 0)
-                want = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg).clone()
-                for stages in (2, 3, 8):
-                    monkeypatch.setattr(tile_gemm, "RING_STAGES", stages)
-                    got = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg)
-                    assert torch.equal(got, want), (in_kernel, m, cfg, stages)
-                    for early in (1, 2):
-                        monkeypatch.setattr(tile_gemm, "EARLY_GROUPS", early)
-                        assert torch.equal(_replayed(x, op, w.global_scale, cfg), want), (in_kernel, m, cfg, stages,
-                                                                                        early, "graph")
-
-
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
-@pytest.mark.parametrize("stages", [0, 3])
-def test_early_weight_loads_change_nothing(monkeypatch, n, k, stages):
+def test_early_weight_loads_change_nothing(monkeypatch, n, k):
     """Weights loaded before the PDL wait (kernels/tile_gemm.py EARLY_GROUPS, only inside a graph
     capture) give the eager GEMM's y bit for bit at 0, 1 and 2 early groups, behind a kernel that
-    writes x, across replays, and after the weights are rewritten in place between replays: into
-    registers (the ping-pong) and into the ring's slots (RING_STAGES 3)."""
+    writes x, across replays, and after the weights are rewritten in place between replays."""
     from kernels import tile_gemm
 
-    monkeypatch.setattr(tile_gemm, "RING_STAGES", stages)
     w, other = _weights({"w": n, "other": n}, k, _seed())
     assert tile_gemm.early_groups() == 0  # never outside a capture
     for early in (0, 1, 2):
@@ -277,6 +207,6 @@ def test_early_weight_loads_change_nothing(monkeypatch, n, k, stages):
                 w.kernel_operand.words.copy_(other.kernel_operand.words)
                 w.kernel_operand.codes.copy_(other.kernel_operand.codes)
             graph.replay()
-            assert torch.equal(y, matmul(x * 2, w)), (stages, early, i)
+            assert torch.equal(y, matmul(x * 2, w)), (early, i)
         w.kernel_operand.words.copy_(saved[0])
         w.kernel_operand.codes.copy_(saved[1])

@@ -54,15 +54,6 @@ def test_tile_candidates_of_one_kind_keep_the_incumbent():
         sweep({}, [1], None, time_fn=None, kinds=("wmma",))
 
 
-def test_the_norm_sweep_times_every_warp_count_for_one_program_and_4_or_8_for_more():
-    from kernels import decode_norm
-    from kernels.tune.norm_sweep import launches
-
-    got = launches([1, 5])
-    assert got[:len(decode_norm.WARPS)] == [(1, w) for w in decode_norm.WARPS]
-    assert got[len(decode_norm.WARPS):] == [(5, 4), (5, 8)]
-
-
 def test_the_prefill_delta_sweep_starts_at_the_engines_launch_and_skips_spilling_ones():
     from kernels import gdn_prefill
     from kernels.tune.delta_prefill_sweep import candidates
@@ -108,10 +99,10 @@ def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monke
     assert a.json and show is None and capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("switch", ["PREFETCH_AHEAD", "RING_STAGES"])
+@pytest.mark.parametrize("switch", ["PREFETCH_AHEAD"])
 def test_read_floor_times_each_switch_value_and_restores_the_switch(monkeypatch, switch):
-    """`read_floor --ahead` / `--ring`: the GEMM is timed once per value with the module's switch set to
-    it, and the switch is put back afterwards, a failing timing included."""
+    """`read_floor --ahead`: the GEMM is timed once per value with the module's switch set to it, and
+    the switch is put back afterwards, a failing timing included."""
     from kernels import tile_gemm
     from kernels.tune import read_floor
 
@@ -129,10 +120,9 @@ def test_read_floor_times_each_switch_value_and_restores_the_switch(monkeypatch,
     assert getattr(tile_gemm, switch) == 0
 
 
-@pytest.mark.parametrize("argv,message", [(["--ahead", "0,1"], "--ahead: expected 0 or 2..16 K groups, found [1]"),
-                                          (["--ring", "4,9"], "--ring: expected 0 or 2..8 K groups, found [9]")])
+@pytest.mark.parametrize("argv,message", [(["--ahead", "0,1"], "--ahead: expected 0 or 2..16 K groups, found [1]")])
 def test_read_floor_refuses_values_its_switch_refuses(capsys, argv, message):
-    """Bad --ahead / --ring values stop the tool before it touches a GPU, naming the flag and the value."""
+    """Bad --ahead values stop the tool before it touches a GPU, naming the flag and the value."""
     from kernels.tune import read_floor
 
     with pytest.raises(SystemExit):

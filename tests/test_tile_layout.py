@@ -86,13 +86,8 @@ def test_tile_config_validation_and_table():
 
 def test_split_k_only_when_the_ctas_cannot_fill_the_sms(monkeypatch):
     cfg = table.TileConfig(1, 2, 4)
-    for even in (True, False):
-        monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", even)
-        assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
-    monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", True)
-    gps = tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132)  # 40 CTAs: split K, 68 = 4 x 17 groups
-    assert (gps, 68 % gps) == (17, 0)
-    monkeypatch.setattr(tile_gemm, "SPLIT_EVEN", False)  # ceil(264 / 40) = 7 splits wanted: 10 groups each
+    assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
+    # 40 CTAs: split K; ceil(264 / 40) = 7 splits wanted: 10 groups each
     assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 10  # 7 splits, the last of 8 groups
     monkeypatch.setattr(tile_gemm, "SPLIT_WAVES", 8)  # 27 wanted, at most SPLIT_MAX (32): 3 groups each
     assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 3
@@ -237,23 +232,6 @@ def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():
     assert int((s2.view(torch.uint8)[:op.n_main] & 0x80).sum()) == 0  # signs live in the nibbles now
 
 
-@pytest.mark.parametrize("value,kind", [("mma", "TileConfig"), ("wgmma", "WgmmaConfig"), ("cublas", None)])
-def test_the_m16_row_follows_its_switch_and_refuses_a_stranger(value, kind):
-    import os
-    import subprocess
-    import sys
-
-    code = "from kernels import table; print(type(table.config_for(16, table.TILE)).__name__, " \
-           "type(table.config_for(8, table.TILE)).__name__, type(table.config_for(17, table.TILE)).__name__)"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "REGATE_TILE_M16": value})
-    if kind is None:
-        assert run.returncode != 0 and "REGATE_TILE_M16: expected one of ['mma', 'wgmma'], found 'cublas'" in run.stderr
-    else:
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == [kind, "TileConfig", "WgmmaConfig"]
-
-
 @pytest.mark.parametrize("value", ["0", "1", "yes"])
 def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
     """REGATE_TILE_BY_SHAPE=1: gate_up's, down's and o_proj's (N, K) take their own rows (o_proj only
@@ -282,13 +260,11 @@ def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
         assert run.stdout.split() == ["True"] * 10 + ["4", "1"]
 
 
-@pytest.mark.parametrize("var,attr,hi", [("REGATE_GEMM_PREFETCH_AHEAD", "PREFETCH_AHEAD", 16),
-                                         ("REGATE_GEMM_RING", "RING_STAGES", 8)])
+@pytest.mark.parametrize("var,attr,hi", [("REGATE_GEMM_PREFETCH_AHEAD", "PREFETCH_AHEAD", 16)])
 @pytest.mark.parametrize("value", ["0", "2", "hi", "1", "hi+1"])
 def test_loop_switches_take_0_or_2_to_their_cap(var, attr, hi, value):
-    """REGATE_GEMM_PREFETCH_AHEAD and REGATE_GEMM_RING (kernels/tile_gemm.py): 0 turns each off; 1 is
-    refused by name (a prefetch 1 ahead is what the registers already load; a ring of one slot waits
-    on every group), as is more than the cap (16 groups ahead; 8 slots, the launcher's shared-memory cap)."""
+    """REGATE_GEMM_PREFETCH_AHEAD (kernels/tile_gemm.py): 0 turns it off; 1 is refused by name (a
+    prefetch 1 ahead is what the registers already load), as is more than the cap (16 groups ahead)."""
     import os
     import subprocess
     import sys

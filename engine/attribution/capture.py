@@ -280,28 +280,7 @@ def same_activity(replayed: str, eager: str) -> bool:
     return kind(replayed) == kind(eager) and kind(eager) in ("memcpy", "memset")
 
 
-# Kernels of a decode step's side stream (kernels/l2_prefetch.py): a replay starts them at other points
-# among the main stream's kernels than the eager step launched them, so each stream is matched apart.
-SIDE_KERNELS = ("l2_prefetch",)
-
-
-def _on_side(name: str) -> bool:
-    return any(k in name for k in SIDE_KERNELS)
-
-
 def _map_replay(acts: list[dict], names: list[str], parts: list[str]) -> list[Span]:
-    """The replay's activities (in start order) booked to the eager step's parts: the main stream's
-    and the side stream's each in their own order."""
-    side = [i for i, n in enumerate(names) if _on_side(n)]
-    if not side:
-        return _map_in_order(acts, names, parts)
-    main = [i for i in range(len(names)) if not _on_side(names[i])]
-    pick = lambda idx: ([names[i] for i in idx], [parts[i] for i in idx])  # noqa: E731
-    return (_map_in_order([a for a in acts if not _on_side(a["name"])], *pick(main))
-            + _map_in_order([a for a in acts if _on_side(a["name"])], *pick(side)))
-
-
-def _map_in_order(acts: list[dict], names: list[str], parts: list[str]) -> list[Span]:
     if len(acts) != len(names):
         raise AttributionError(f"trace: a CUDA graph replay ran {len(acts)} device activities, the eager step of "
                                f"its bucket {len(names)}: the parts cannot be matched; run with --eager")

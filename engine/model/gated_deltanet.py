@@ -102,15 +102,10 @@ class GatedDeltaNet:
 
     def _decode_fused(self, qkv, z, b, a, ctx: Context) -> torch.Tensor:
         cache = ctx.state_cache
-        heads = dict(num_k_heads=self.num_k_heads, head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim,
-                     eps=self.eps)
-        if self.fused.conv_in_step:  # one launch (engine/fused.py CONV_IN_STEP_ENV)
-            return self.fused.conv_delta_step(qkv, cache.conv(self.state_index), self.conv_weight, z, b, a,
-                                              cache.recurrent(self.state_index), ctx.state_slots, self.A_log,
-                                              self.dt_bias, self.norm_weight, **heads)
         mixed = self.fused.conv_step(qkv, cache.conv(self.state_index), ctx.state_slots, self.conv_weight)
         return self.fused.delta_step(mixed, z, b, a, cache.recurrent(self.state_index), ctx.state_slots, self.A_log,
-                                     self.dt_bias, self.norm_weight, **heads)
+                                     self.dt_bias, self.norm_weight, num_k_heads=self.num_k_heads,
+                                     head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim, eps=self.eps)
 
     def _decode(self, qkv, g, beta, ctx: Context) -> torch.Tensor:
         conv_cache = ctx.state_cache.conv(self.state_index)  # [slots, conv_dim, kern-1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.fused import NORM_FOLD_MAX_ROWS
 from engine.model.config import ModelConfig
 from engine.model.context import Context
 from engine.model.mlp import Mlp
@@ -44,13 +43,8 @@ class Qwen3_5Model:
         return self.norm(h)
 
     def _hidden_fused(self, h: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """The same layers, each residual add done by the kernel of the RMSNorm that follows it; where
-        the norms fold (engine/fused.py NORM_FOLD_ENV), every norm but the final one leaves its rows'
-        factors to the GEMM that reads them (engine/rms_fold.py)."""
+        """The same layers, each residual add done by the kernel of the RMSNorm that follows it."""
         rms, add_rms = self.fused.rms_norm, self.fused.add_rms_norm
-        final_add_rms = add_rms
-        if getattr(self.fused, "norm_fold", False) and ctx.kind == "decode" and h.shape[0] <= NORM_FOLD_MAX_ROWS:
-            rms, add_rms = self.fused.rms_norm_fold, self.fused.add_rms_norm_fold
         first = self.layers[0].input_layernorm
         with scope("norm"):
             x = rms(h, first.weight, first.eps)
@@ -60,10 +54,9 @@ class Qwen3_5Model:
             with scope("norm"):
                 h, x = add_rms(h, d, post.weight, post.eps)
             d = layer.mlp(x)
-            last = i + 1 == len(self.layers)
-            nxt = self.norm if last else self.layers[i + 1].input_layernorm
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             with scope("norm"):
-                h, x = (final_add_rms if last else add_rms)(h, d, nxt.weight, nxt.eps)
+                h, x = add_rms(h, d, nxt.weight, nxt.eps)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,6 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
-#include "sm90_async.cuh"
-
 namespace tile {
 
 constexpr uint32_t kBf16Mask = 0x81C081C0u;  // sign + e1 e0 m of both bf16 halves
@@ -106,38 +104,5 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* src, bool rea
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-// One warp's K group of R row tiles in shared memory (a slot of the mma.sync kernel's ring): per row
-// tile the 4 chunks' words, lane-major (lane l's uint4 of chunk cc at 16 * (32 cc + l)), then the 32
-// lanes' scale codes (uint2): the tile layout's own byte order, so one bulk copy moves each part.
-constexpr int kGroupSmemBytes = 4 * 32 * 16 + 32 * 8;
-
-// The ring (the mma.sync kernel's RING): one warp's K group cg of R row tiles into `slot` (the
-// kGroupSmemBytes layout above) by two bulk (TMA) copies per tile, the weights' 2 KiB and the scale
-// codes' 256 bytes (both contiguous in the tile layout), completing on the mbarrier `bar`. One lane
-// issues it; no register holds the bytes in flight.
-template <int R>
-__device__ __forceinline__ void ring_fill(uint8_t* slot, uint32_t bar, const uint4* w, const uint2* sc, int rt0,
-                                          int row_tiles, int chunks, int groups, int cg) {
-  mbar_expect_bytes(bar, R * kGroupSmemBytes);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = min(rt0 + r, row_tiles - 1);  // as load_group: a clamped re-read, never stored
-    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot + r * kGroupSmemBytes));
-    bulk_copy(dst, w + ((size_t)rt * chunks + 4 * cg) * 32, 2048, bar);
-    bulk_copy(dst + 2048, sc + ((size_t)rt * groups + cg) * 32, 256, bar);
-  }
-}
-
-template <int R>
-__device__ __forceinline__ void lds_group(Group<R>& gr, const uint8_t* src, int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* s = src + r * kGroupSmemBytes;
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) gr.w[r][cc] = *reinterpret_cast<const uint4*>(s + 16 * (32 * cc + lane));
-    gr.s[r] = *reinterpret_cast<const uint2*>(s + 2048 + 8 * lane);
-  }
-}
 
 }  // namespace tile

@@ -108,73 +108,6 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
   }
 }
 
-// FOLD: the RMSNorm factor of each x row this thread's outputs belong to (rows 8 nt + 2t + j):
-// rsqrt(the row's chunk sums, summed in chunk order, / K + eps). Read only after the grid dependency
-// wait (the norm kernel before this one wrote them).
-template <int MT>
-__device__ __forceinline__ void row_factors(float (&f)[MT][2], const RmsFoldArgs& fold, int k, int m0, int m_rows,
-                                            int t) {
-#pragma unroll
-  for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int m = 8 * nt + 2 * t + j;
-      f[nt][j] = 1.f;
-      if (m >= m_rows) continue;
-      const float* row = fold.ss + (size_t)(m0 + m) * fold.ld;
-      float s = 0.f;
-#pragma unroll 4
-      for (int c = 0; c < fold.chunks; ++c) s += __ldcg(row + c);
-      f[nt][j] = rsqrtf(s / (float)k + fold.eps);
-    }
-}
-
-// RING (m_tiles 1, x via L1): each warp streams its weights through a ring of p.ring_stages K groups in
-// shared memory, each slot filled by one lane's bulk (TMA) copies and completing on its own mbarrier.
-// The register ping-pong keeps one group in flight while a warp computes; at M=1 the loop then waits
-// on DRAM's latency every group (gate_up: a group every ~1.7 us a warp, ~3x its compute). The ring
-// refills a slot as soon as its bytes are read, so ring_stages groups are in flight while a warp
-// computes, at no register cost. Dynamic shared memory: the warps' mbarriers
-// (kRingBarBytes), then warp w's slots at w * ring_stages * R * kGroupSmemBytes.
-constexpr int kRingBarBytes = 16 * 8 * 8;  // up to 16 warps x 8 stages
-
-template <int R, typename AfterWait>
-__device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmArgs& p, const XRows<1>& xr,
-                                          uint8_t* smem, int rt0, bool active, int cg0, int cg1, int chunks,
-                                          int groups, int warp, int lane, int g, int t, AfterWait&& after_wait) {
-  const int stages = p.ring_stages, n = active ? cg1 - cg0 : 0;
-  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 8 * stages * warp;
-  uint8_t* ring = smem + kRingBarBytes + warp * stages * R * kGroupSmemBytes;
-  if (lane == 0)
-    for (int s = 0; s < stages; ++s) mbar_init(bars + 8 * s, 1);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncwarp();
-  auto fill = [&](int j) {
-    if (lane == 0)
-      ring_fill<R>(ring + j % stages * R * kGroupSmemBytes, bars + 8 * (j % stages), p.w, p.scales, rt0, p.row_tiles,
-                   chunks, groups, cg0 + j);
-  };
-  // As the ping-pong's early groups: only where no kernel writes the weights may a copy start before the
-  // wait; the rest of the ring fills after it.
-  const int first = min(n, stages), early = min(first, p.early_groups);
-  for (int j = 0; j < early; ++j) fill(j);
-  grid_dependency_wait();
-  for (int j = early; j < first; ++j) fill(j);
-  after_wait();  // with the ring's first groups in flight
-  for (int j = 0; j < n; ++j) {
-    const int slot = j % stages;
-    mbar_wait(bars + 8 * slot, (j / stages) & 1);
-    Group<R> gr;
-    lds_group<R>(gr, ring + slot * R * kGroupSmemBytes, lane);
-    if (j + stages < n) {  // the slot's next group goes in flight before this one computes
-      __syncwarp();  // every lane's reads of the slot are ordered before lane 0's refill ...
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // ... across to the async proxy
-      fill(j + stages);
-    }
-    compute_group<1, R, false>(acc, gr, xr, nullptr, cg0 + j, g, t);
-  }
-}
-
 // grid: (M blocks of 8*MT rows x CTAs over row tiles, K splits). The M block varies fastest, so
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
@@ -183,20 +116,14 @@ __device__ __forceinline__ void ring_loop(float (&acc)[R][1][4], const TileGemmA
 // instantiation, so the default kernel keeps its registers). A warp keeps only two groups in flight in registers (~32 KB an SM
 // at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
 // loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
-// Fold (m_tiles 1, x via L1): with a RmsFoldArgs after m_blocks, x is an RMSNorm's rows without their
-// factor, which the epilogue applies (row_factors). A parameter pack, so that the kernels without one
-// keep the parameters, and so the code, they had before the fold existed.
-template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false, bool RING = false, typename... Fold>
-__global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks, Fold... fold) {
-  constexpr bool FOLD = sizeof...(Fold) > 0;
+template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false>
+__global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int rt0 = (blockIdx.x / m_blocks * WARPS + warp) * R;
   const bool active = rt0 < p.row_tiles;
-  // With XS every warp helps stage x and meets every barrier; so does every warp of a split-K
-  // launch that sums its splits in the kernel (last_split's barriers).
-  if (!XS && !active && p.counters == nullptr) return;
+  if (!XS && !active) return;  // with XS every warp helps stage x and meets every barrier
   const int m0 = blockIdx.x % m_blocks * 8 * MT;
   const int m_rows = min(8 * MT, p.m - m0);
   const __nv_bfloat16* x = p.x + m0 * p.ldx;
@@ -235,41 +162,29 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // visible. The weights are another matter only when the caller says no kernel writes them
   // (p.early_groups: a decode step replayed from a CUDA graph; at load time a kernel may just have
   // written them): then the first early_groups K groups load into registers before the wait, so
-  // the weight stream starts during the previous kernels' tail. Otherwise they may only be
-  // prefetched into L2 (coherent) meanwhile.
-  float rf[MT][2];  // FOLD: x's RMSNorm factor per output row, read after the wait
-  auto factors = [&] {
-    if constexpr (FOLD) row_factors<MT>(rf, fold..., p.k, m0, m_rows, t);
-  };
-  if constexpr (RING) {
-    ring_loop<R>(acc, p, xr, x_smem, rt0, active, cg0, cg1, chunks, groups, warp, lane, g, t, factors);
-  } else {
-    const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
-    if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
-    if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
-    if (early == 0 && active && p.prefetch_groups > 0 && cg0 < cg1)
-      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, min(p.prefetch_groups, cg1 - cg0), lane);
-    grid_dependency_wait();
-    if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
-    if constexpr (XS) cp_async_commit();
-    factors();  // with the first group's loads in flight
-    // PFA: the groups the loop's register loads will not have reached by the time group cg0 + 2 is read.
-    const int ahead = PFA ? p.prefetch_ahead : 0;
-    if (PFA && active && cg0 + 2 < cg1 && ahead > 2)
-      prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 2, min(ahead - 2, cg1 - cg0 - 2), lane);
-    for (int cg = cg0; cg < cg1; cg += 2) {
-      if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
-        const int from = max(cg + ahead, cg0 + 2);
-        if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
-      }
-      if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
-      if constexpr (XS) cp_async_commit();
-      run(buf0, cg, 0);
-      if (cg + 1 >= cg1) break;
-      if (cg + 2 < cg1) fetch(buf0, cg + 2, 0, true);
-      if constexpr (XS) cp_async_commit();
-      run(buf1, cg + 1, 1);
+  // the weight stream starts during the previous kernels' tail.
+  const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+  if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
+  if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
+  grid_dependency_wait();
+  if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
+  if constexpr (XS) cp_async_commit();
+  // PFA: the groups the loop's register loads will not have reached by the time group cg0 + 2 is read.
+  const int ahead = PFA ? p.prefetch_ahead : 0;
+  if (PFA && active && cg0 + 2 < cg1 && ahead > 2)
+    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 2, min(ahead - 2, cg1 - cg0 - 2), lane);
+  for (int cg = cg0; cg < cg1; cg += 2) {
+    if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
+      const int from = max(cg + ahead, cg0 + 2);
+      if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
     }
+    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
+    if constexpr (XS) cp_async_commit();
+    run(buf0, cg, 0);
+    if (cg + 1 >= cg1) break;
+    if (cg + 2 < cg1) fetch(buf0, cg + 2, 0, true);
+    if constexpr (XS) cp_async_commit();
+    run(buf1, cg + 1, 1);
   }
   launch_dependents();  // the next kernel may be scheduled (it waits for this grid before any access)
   // C fragment: c0, c1 = (n = row g, m = 2t, 2t+1); c2, c3 = (row g + 8, same m).
@@ -288,28 +203,12 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
         }
     }
   };
-  if constexpr (FOLD) {  // x's RMSNorm factor, before anything is stored: each split's partial is scaled
-#pragma unroll           // before the splits are summed (the scaled sum, up to FP32 rounding)
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int nt = 0; nt < MT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[r][nt][j] *= rf[nt][j & 1];
-  }
   if (p.partial == nullptr) {
     if (active) each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
     return;
   }
   const size_t stride = (size_t)p.m * p.ldy;
   if (active) each_out([&](float& a, int, long off) { p.partial[blockIdx.y * stride + off] = a; });
-  if (p.counters == nullptr || !last_split(p.counters + blockIdx.x) || !active) return;
-  // The splits' sum in split order (this CTA's own partial read back too), into acc.
-  each_out([&](float& a, int, long) { a = 0.f; });
-  for (int k = 0; k < (int)gridDim.y; ++k) {
-    const float* part = p.partial + k * stride;
-    each_out([&](float& a, int, long off) { a += __ldcg(part + off); });
-  }
-  each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
 }
 
 __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
@@ -323,62 +222,20 @@ __global__ void reduce_splits_kernel(TileGemmArgs p, int splits) {
   p.y[off] = __float2bfloat16_rn(s * row_scale_of(p, (int)(i % n_main)));
 }
 
-// How many stages of `bytes_per_stage` (besides `fixed_bytes`) a CTA of `kernel` may hold in shared
-// memory without fitting fewer CTAs on an SM than its registers allow (at most 8), with the kernel's
-// dynamic limit raised to that: the ring's slots (RING). Queries and an attribute only, no stream
-// work, so it may run during a graph capture.
-template <typename Kernel>
-int smem_stage_cap(Kernel kernel, int threads, int fixed_bytes, int bytes_per_stage) {
-  int dev = 0, ctas = 0, per_sm = 0, per_cta = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return 0;
-  const int budget = std::min(per_cta, per_sm / std::max(ctas, 1) - 1024) - fixed_bytes;  // 1 KB an SM keeps per CTA
-  int cap = std::max(0, std::min(8, budget / bytes_per_stage));
-  const int bytes = fixed_bytes + cap * bytes_per_stage;
-  if (bytes > 48 * 1024 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-    cap = std::max(0, (48 * 1024 - fixed_bytes) / bytes_per_stage);
-  return cap;
-}
-
 template <int MT, int R, int WARPS, bool XS, int MINB = 1>
-cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream, const RmsFoldArgs* fold) {
+cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   const int ctas = (p.row_tiles + WARPS * R - 1) / (WARPS * R);
   const int m_blocks = (p.m + 8 * MT - 1) / (8 * MT);
-  TileGemmArgs q = p;
-  q.ring_stages = 0;
-  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
   // Programmatic dependent launch (see the kernel's grid_dependency_wait): its launch overlaps the
-  // end of the kernel before it. Then the splits' sum, unless the kernel or the consumer does it.
-  auto go = [&](auto kernel, int smem, auto... extra) {
-    cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, q,
-                                       m_blocks, extra...);
-    if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
-    return reduce_splits(q, splits, stream);
+  // end of the kernel before it. Then the splits' sum, unless the consumer does it.
+  auto go = [&](auto kernel, int smem) {
+    cudaError_t err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WARPS * 32), smem, stream, p,
+                                       m_blocks);
+    if (err != cudaSuccess || p.partial == nullptr || p.defer_sum) return err;
+    return reduce_splits(p, splits, stream);
   };
-  const auto ring_smem = [&] { return kRingBarBytes + q.ring_stages * WARPS * R * kGroupSmemBytes; };
-  if constexpr (MT == 1 && !XS) {  // the loop variants: built for the M <= 8 rows (x via L1)
-    // How many ring slots fit: asked once per ring kernel (each gets its own shared-memory limit
-    // raised), and only where a ring is asked for. One slot is no ring: the ping-pong kernel.
-    auto ring_stages = [&](auto ring, int& cap) {
-      if (p.ring_stages > 0 && cap < 0) cap = smem_stage_cap(ring, WARPS * 32, kRingBarBytes, WARPS * R * kGroupSmemBytes);
-      const int n = std::min(std::max(p.ring_stages, 0), std::max(cap, 0));
-      return n < 2 ? 0 : n;
-    };
-    if (fold != nullptr) {
-      static int fold_ring_cap = -1;
-      q.ring_stages = ring_stages(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true, RmsFoldArgs>, fold_ring_cap);
-      if (q.ring_stages > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true, RmsFoldArgs>, ring_smem(), *fold);
-      return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, false, RmsFoldArgs>, 0, *fold);  // the fold goes without PFA
-    }
-    static int ring_cap = -1;
-    q.ring_stages = ring_stages(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>, ring_cap);
-    if (q.ring_stages > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, false, true>, ring_smem());
+  if constexpr (MT == 1 && !XS) {  // the loop variant: built for the M <= 8 rows (x via L1)
     if (p.prefetch_ahead > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>, 0);
-  } else if (fold != nullptr) {
-    return cudaErrorInvalidValue;  // only the M <= 8 kernels fold: kernels/tile_gemm.py materializes x instead
   }
   const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
   auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
@@ -390,37 +247,36 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream, const
 }
 
 template <int MT, bool XS>
-cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s,
-                      const RmsFoldArgs* f) {
-  if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s, f);
-  if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s, f);
-  if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s, f);
+cudaError_t launch_mt(const TileGemmArgs& p, int rows_per_warp, int warps, int min_ctas, int splits, cudaStream_t s) {
+  if (min_ctas == 4 && rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS, 4>(p, splits, s);
+  if (min_ctas == 2 && rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS, 2>(p, splits, s);
+  if (min_ctas == 3 && rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS, 3>(p, splits, s);
   if (min_ctas != 1) return cudaErrorInvalidValue;
-  if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, XS>(p, splits, s, f);
-  if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS>(p, splits, s, f);
-  if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS>(p, splits, s, f);
-  if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS>(p, splits, s, f);
-  if (rows_per_warp == 4 && warps == 4) return launch<MT, 4, 4, XS>(p, splits, s, f);
+  if (rows_per_warp == 1 && warps == 4) return launch<MT, 1, 4, XS>(p, splits, s);
+  if (rows_per_warp == 1 && warps == 8) return launch<MT, 1, 8, XS>(p, splits, s);
+  if (rows_per_warp == 2 && warps == 4) return launch<MT, 2, 4, XS>(p, splits, s);
+  if (rows_per_warp == 2 && warps == 8) return launch<MT, 2, 8, XS>(p, splits, s);
+  if (rows_per_warp == 4 && warps == 4) return launch<MT, 4, 4, XS>(p, splits, s);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      int splits, cudaStream_t stream, const RmsFoldArgs* fold) {
+                      int splits, cudaStream_t stream) {
   cudaError_t err;
   switch (m_tiles * 2 + (x_shared ? 1 : 0)) {
-    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
-    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream, fold); break;
+    case 2: err = launch_mt<1, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 3: err = launch_mt<1, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 4: err = launch_mt<2, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 5: err = launch_mt<2, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 8: err = launch_mt<4, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 9: err = launch_mt<4, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 16: err = launch_mt<8, false>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
+    case 17: err = launch_mt<8, true>(p, rows_per_warp, warps, min_ctas, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  return err;  // each launcher summed the splits: in the kernel (counters) or with reduce_splits
+  return err;  // each launcher summed the splits with reduce_splits, unless the consumer sums them
 }
 
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream) {

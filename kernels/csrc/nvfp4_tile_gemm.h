@@ -16,43 +16,24 @@ struct TileGemmArgs {
   float out_scale;         // global_scale * 2^19
   const float* row_scale;  // per output row [N_main] (global_scale * 2^19 of the row's weight), or nullptr:
                            // out_scale for every row (projections merged into one operand need it)
-  int* counters;           // split-K arrival counters, one per CTA column (blockIdx.x), all zero between
-                           // launches; nullptr: the splits are summed by reduce_splits_kernel instead
-  int counters_len;
-  int prefetch_groups;     // K groups of its weights each warp prefetches into L2 before waiting on the
-                           // kernel before it (programmatic dependent launch); 0: none
   int early_groups;        // mma.sync kernel: K groups (0-2) of its weights each warp loads into registers
                            // before waiting on the kernel before it; only where no kernel writes the
                            // weights (a decode step's graph); 0: none
-  int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits, no counters): the
-                           // consumer sums them (kernels/decode_norm.py add_rms_norm); y is not written
+  int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits): the consumer sums
+                           // them (kernels/decode_norm.py add_rms_norm); y is not written
   int prefetch_ahead;      // mma.sync kernel with x via L1 (m_tiles 1): in the K loop, each warp prefetches into
                            // L2 the groups up to this many past the one it computes (>= 2; 0: none)
-  int ring_stages;         // mma.sync kernel with x via L1 (m_tiles 1): each warp streams its weights through a
-                           // ring of this many K groups in shared memory, filled by bulk copies (2..8, capped
-                           // where it would fit fewer CTAs on an SM; 0: the register ping-pong)
-};
-
-// An RMSNorm left for the GEMM (engine/rms_fold.py): x holds the norm's rows without their factor, and
-// ss [M, ld] FP32 each row's sums of squares by chunk; the mma.sync kernel at m_tiles 1 with x via L1
-// multiplies row m's outputs by rsqrt(sum of its chunks / K + eps). Its own kernel (tile_gemm_fold_kernel):
-// TileGemmArgs stays as it is, so the other kernels compile as before.
-struct RmsFoldArgs {
-  const float* ss;
-  int chunks, ld;
-  float eps;
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in
 // {(1,4), (1,8), (2,4), (2,8), (4,4)} with min_ctas 1, or (rows_per_warp, warps, min_ctas) in
 // {(2,4,4), (2,8,2), (1,8,3)} (registers capped so that many CTAs fit an SM); x_shared: stage x in
 // shared memory per CTA (else each warp reads it through L1); splits = ceil(K/256 / groups_per_split).
-// `fold` (nullptr: none) only with m_tiles 1 and x_shared false, else cudaErrorInvalidValue.
 cudaError_t tile_gemm(const TileGemmArgs& p, int m_tiles, int rows_per_warp, int warps, int min_ctas, bool x_shared,
-                      int splits, cudaStream_t stream, const RmsFoldArgs* fold = nullptr);
+                      int splits, cudaStream_t stream);
 
-// Sums the split-K partials into y (times the row's scale); both kernels end with it when splits > 1
-// and no counters were given (or the grid has more CTA columns than counters), unless defer_sum.
+// Sums the split-K partials into y (times the row's scale); both kernels end with it when splits > 1,
+// unless defer_sum.
 cudaError_t reduce_splits(const TileGemmArgs& p, int splits, cudaStream_t stream);
 
 // The wgmma kernel: p.x must be x laid out by wgmma_x_tiles for the same block_m; block_m in

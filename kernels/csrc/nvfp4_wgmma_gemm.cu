@@ -166,14 +166,6 @@ __global__ void __launch_bounds__(WGS * 128, 1) wgmma_gemm_kernel(TileGemmArgs p
   }
   const size_t stride = (size_t)p.m * p.ldy;
   each_out([&](float& a, int, long off) { p.partial[blockIdx.y * stride + off] = a; });
-  if (p.counters == nullptr || !last_split(p.counters + blockIdx.x)) return;
-  // The splits' sum in split order (this CTA's own partial read back too), into acc.
-  each_out([&](float& a, int, long) { a = 0.f; });
-  for (int k = 0; k < (int)gridDim.y; ++k) {
-    const float* part = p.partial + k * stride;
-    each_out([&](float& a, int, long off) { a += __ldcg(part + off); });
-  }
-  each_out([&](float& a, int n, long off) { p.y[off] = __float2bfloat16_rn(a * row_scale_of(p, n)); });
 }
 
 // One thread per 16-byte piece of the staged layout [M block][chunk][BM rows][8 pieces]: piece
@@ -208,11 +200,9 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: the GEMM's CTAs start while x_tiles_kernel runs, so its launch,
   // prologue and first weight loads overlap that kernel (griddepcontrol in both kernels).
-  TileGemmArgs q = p;
-  if (q.counters != nullptr && ctas * m_blocks > q.counters_len) q.counters = nullptr;  // reduce_splits sums them
-  err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WGS * 128), smem, stream, q, m_blocks);
-  if (err != cudaSuccess || q.partial == nullptr || q.counters != nullptr || q.defer_sum) return err;
-  return reduce_splits(q, splits, stream);
+  err = launch_dependent(kernel, dim3(ctas * m_blocks, splits), dim3(WGS * 128), smem, stream, p, m_blocks);
+  if (err != cudaSuccess || p.partial == nullptr || p.defer_sum) return err;
+  return reduce_splits(p, splits, stream);
 }
 
 template <int BM, int RB>
@@ -245,5 +235,5 @@ cudaError_t wgmma_gemm(const TileGemmArgs& p, int block_m, int warpgroups, int r
     case 2561: err = launch_wg<256, 1>(p, warpgroups, splits, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  return err;  // the launcher summed the splits: in the kernel (counters) or with reduce_splits
+  return err;  // the launcher summed the splits with reduce_splits, unless the consumer sums them
 }

@@ -3,10 +3,8 @@
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 
-#include <algorithm>
 #include <cstdint>
 
-#include "l2_prefetch.h"
 #include "nvfp4_tile_gemm.h"
 
 namespace {
@@ -16,8 +14,7 @@ void check(bool ok, const std::string& what) { TORCH_CHECK(ok, "tile_gemm: ", wh
 // Shape/dtype checks shared by both kernels, then the launch args; `splits` is set from groups_per_split.
 TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                        const c10::optional<torch::Tensor>& partial, double out_scale, int64_t groups_per_split,
-                       const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters,
-                       bool defer_sum, int64_t& splits) {
+                       const c10::optional<torch::Tensor>& row_scale, bool defer_sum, int64_t& splits) {
   check(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
         "x must be a CUDA bf16 [M, K] tensor with unit stride along K");
   const int64_t m = x.size(0), k = x.size(1);
@@ -49,21 +46,12 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
           "row_scale must be a contiguous CUDA float32 [>= N_main] tensor");
     rs = row_scale->data_ptr<float>();
   }
-  int* cnt = nullptr;
-  int64_t cnt_len = 0;
-  check(!(defer_sum && counters.has_value()), "defer_sum leaves the partials to the consumer: pass no counters");
-  if (counters.has_value() && splits > 1) {
-    check(counters->is_cuda() && counters->scalar_type() == torch::kInt32 && counters->is_contiguous(),
-          "counters must be a contiguous CUDA int32 tensor (zero between launches)");
-    cnt = counters->data_ptr<int>();
-    cnt_len = counters->numel();
-  }
   return TileGemmArgs{reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()),
                       reinterpret_cast<const uint4*>(words.data_ptr()),
                       reinterpret_cast<const uint2*>(codes.data_ptr()),
                       reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                       part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
-                      (float)out_scale, rs, cnt, (int)std::min<int64_t>(cnt_len, INT32_MAX), 0, 0, defer_sum ? 1 : 0};
+                      (float)out_scale, rs, 0, defer_sum ? 1 : 0, 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
@@ -71,30 +59,16 @@ cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDA
 void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
-                   int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale,
-                   const c10::optional<torch::Tensor>& counters, int64_t prefetch_groups, bool defer_sum,
-                   int64_t early_groups, int64_t prefetch_ahead, int64_t ring_stages,
-                   const c10::optional<torch::Tensor>& x_ss, double x_eps) {
+                   int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale, bool defer_sum,
+                   int64_t early_groups, int64_t prefetch_ahead) {
   int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
-                             splits);
-  p.prefetch_groups = (int)std::max<int64_t>(prefetch_groups, 0);
+  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, defer_sum, splits);
   check(early_groups >= 0 && early_groups <= 2, "early_groups must be 0, 1 or 2");
   p.early_groups = (int)early_groups;
   check(prefetch_ahead == 0 || (prefetch_ahead >= 2 && prefetch_ahead <= 16), "prefetch_ahead must be 0 or 2..16");
   p.prefetch_ahead = (int)prefetch_ahead;
-  check(ring_stages == 0 || (ring_stages >= 2 && ring_stages <= 8), "ring_stages must be 0 or 2..8");
-  p.ring_stages = (int)ring_stages;
-  RmsFoldArgs fold{};
-  if (x_ss.has_value()) {  // x is an RMSNorm's rows without their factor: the epilogue applies it
-    check(x_ss->is_cuda() && x_ss->scalar_type() == torch::kFloat32 && x_ss->dim() == 2 && x_ss->size(0) == x.size(0) &&
-              x_ss->size(1) >= 1 && x_ss->stride(1) == 1,
-          "x_ss must be CUDA float32 [M, chunks] with unit stride along the chunks");
-    check(m_tiles == 1 && !x_shared, "x_ss: only the m_tiles 1 kernels with x via L1 fold an RMSNorm");
-    fold = RmsFoldArgs{x_ss->data_ptr<float>(), (int)x_ss->size(1), (int)x_ss->stride(0), (float)x_eps};
-  }
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
-                                    (int)splits, stream_of(x), x_ss.has_value() ? &fold : nullptr);
+                                    (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,
               " rows_per_warp=", rows_per_warp, " warps=", warps, " min_ctas=", min_ctas, " x_shared=", x_shared, ")");
 }
@@ -117,36 +91,14 @@ torch::Tensor x_tiles(const torch::Tensor& x, int64_t block_m) {
 void wgmma_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const torch::Tensor& codes, torch::Tensor& y,
                     const c10::optional<torch::Tensor>& partial, double out_scale, int64_t block_m,
                     int64_t warpgroups, int64_t row_blocks, int64_t groups_per_split,
-                    const c10::optional<torch::Tensor>& row_scale, const c10::optional<torch::Tensor>& counters,
-                    bool defer_sum) {
+                    const c10::optional<torch::Tensor>& row_scale, bool defer_sum) {
   int64_t splits = 1;
-  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, counters, defer_sum,
-                             splits);
+  TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, defer_sum, splits);
   const torch::Tensor tiles = x_tiles(x, block_m);  // lives until the launch is queued; the allocator
   p.x = reinterpret_cast<const __nv_bfloat16*>(tiles.data_ptr());  // reuses it only after, in stream order
   const cudaError_t err = wgmma_gemm(p, (int)block_m, (int)warpgroups, (int)row_blocks, (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "wgmma_gemm launch failed: ", cudaGetErrorString(err), " (block_m=", block_m,
               " warpgroups=", warpgroups, " row_blocks=", row_blocks, ")");
-}
-
-// The first `count` K groups of every (row tile, K split) of a tile-layout operand into L2, on the
-// current stream (kernels/l2_prefetch.py: the side stream of a decode step).
-void l2_prefetch_into(const torch::Tensor& words, const torch::Tensor& codes, int64_t groups_per_split,
-                      int64_t count) {
-  check(words.is_cuda() && words.scalar_type() == torch::kInt32 && words.dim() == 4 && words.size(2) == 32 &&
-            words.size(3) == 4 && words.size(1) % 4 == 0 && words.is_contiguous(),
-        "l2_prefetch: words must be contiguous CUDA int32 [N/16, K/64, 32, 4] with K % 256 == 0");
-  const int64_t row_tiles = words.size(0), groups = words.size(1) / 4;
-  check(codes.is_cuda() && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() &&
-            codes.numel() == row_tiles * groups * 256,
-        "l2_prefetch: codes must be contiguous CUDA uint8 [N/16, K/256, 32, 4, 2] matching words");
-  check(groups_per_split >= 1 && groups_per_split <= groups, "l2_prefetch: groups_per_split must be 1..K/256");
-  check(count >= 0 && count <= groups_per_split, "l2_prefetch: count must be 0..groups_per_split");
-  check(count * 2048 < (1 << 20), "l2_prefetch: a run must stay under the bulk prefetch's 1 MiB");
-  const int64_t splits = (groups + groups_per_split - 1) / groups_per_split;
-  const cudaError_t err = l2_prefetch(words.data_ptr(), codes.data_ptr(), (int)row_tiles, (int)groups,
-                                      (int)groups_per_split, (int)splits, (int)count, stream_of(words));
-  TORCH_CHECK(err == cudaSuccess, "l2_prefetch launch failed: ", cudaGetErrorString(err));
 }
 
 }  // namespace
@@ -155,5 +107,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("tile_gemm_out", &tile_gemm_out, "packed NVFP4 W4A16 tile GEMM into y (see nvfp4_tile_gemm.cu)");
   mod.def("wgmma_gemm_out", &wgmma_gemm_out, "packed NVFP4 W4A16 wgmma GEMM into y (see nvfp4_wgmma_gemm.cu)");
   mod.def("wgmma_x_tiles", &x_tiles, "x laid out as the wgmma kernel's shared-memory stages");
-  mod.def("l2_prefetch", &l2_prefetch_into, "a tile-layout operand's first K groups per split into L2");
 }

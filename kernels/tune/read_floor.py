@@ -12,8 +12,7 @@ L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that sta
 if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
 kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
 also times the GEMM (past L2) with each REGATE_GEMM_PREFETCH_AHEAD (K groups kept requested into L2
-ahead of the loop; 0 is the default kernel), `--ring 0,3,4` with each REGATE_GEMM_RING (the weights
-streamed through a ring of that many K groups in shared memory). Where K is split at M=1 the GEMM's
+ahead of the loop; 0 is the default kernel). Where K is split at M=1 the GEMM's
 time includes the reduce kernel; `gemm_unsummed_ms` is the same launch with its partials left
 unsummed, as the engine leaves o_proj's, out_proj's and down's to add_rms_norm. Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
@@ -74,8 +73,8 @@ def splits_at_m1(name: str, sms: int) -> int:
 
 
 def time_switch(name: str, switch: str, values: list[int]) -> dict[int, float]:
-    """The tile GEMM at M=1 past L2 at each value of kernels.tile_gemm's `switch` (PREFETCH_AHEAD,
-    RING_STAGES), set for the call and put back after it."""
+    """The tile GEMM at M=1 past L2 at each value of kernels.tile_gemm's `switch` (PREFETCH_AHEAD), set
+    for the call and put back after it."""
     saved, out = getattr(tg, switch), {}
     try:
         for v in values:
@@ -99,11 +98,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ahead", default="", help="comma-separated PREFETCH_AHEAD values to time the GEMM at")
-    ap.add_argument("--ring", default="", help="comma-separated RING_STAGES values to time the GEMM at")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)
     aheads = values_arg(ap, "--ahead", a.ahead, 2, 16)
-    rings = values_arg(ap, "--ring", a.ring, 2, 8)
     read_gbps = read_bandwidth_gbps()
     rows = []
     for name in a.shapes.split(","):
@@ -121,8 +118,6 @@ def main(argv=None) -> None:
             r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
         if aheads:
             r["gemm_ahead_ms"] = time_switch(name, "PREFETCH_AHEAD", aheads)
-        if rings:
-            r["gemm_ring_ms"] = time_switch(name, "RING_STAGES", rings)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:
@@ -138,9 +133,6 @@ def main(argv=None) -> None:
             if aheads:
                 print(f"{'':<13}{'':>11}  GEMM M=1 by groups prefetched ahead: "
                       + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ahead_ms"].items()), flush=True)
-            if rings:
-                print(f"{'':<13}{'':>11}  GEMM M=1 by ring stages: "
-                      + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ring_ms"].items()), flush=True)
     print(json.dumps({"bench": "read_floor", **environment(), "read_gbps": read_gbps, "rows": rows}))
 
 

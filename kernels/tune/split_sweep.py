@@ -1,7 +1,7 @@
 """How far to split K: `python -m kernels.tune.split_sweep [--ms 1,16] [--waves 2,4,8,16] [--json]`.
 
 Times the CUDA tile GEMM at the 27B engine's own decode shapes (the merged projections of
-engine/projections.py, the head) for each split policy (kernels/tile_gemm.py SPLIT_WAVES x SPLIT_EVEN),
+engine/projections.py, the head) for each split policy (kernels/tile_gemm.py SPLIT_WAVES),
 one GEMM at a time and as a layer's four GEMMs back to back (the decode order, so launch overlap and
 tails count), on weight copies rotated past L2. Prints a table, then one JSON line. Tuning code: no
 product module imports it.
@@ -47,8 +47,8 @@ def operands(names, cache: dict) -> itertools.cycle:
     return itertools.cycle(cache[key])
 
 
-def time_policy(names, m: int, waves: int, even: bool, sms: int, cache: dict) -> float:
-    tg.SPLIT_WAVES, tg.SPLIT_EVEN = waves, even
+def time_policy(names, m: int, waves: int, sms: int, cache: dict) -> float:
+    tg.SPLIT_WAVES = waves
     ops = operands(names, cache)
     xs = [torch.randn(m, SHAPES[s][1], dtype=torch.bfloat16, device="cuda") for s in names]
 
@@ -75,20 +75,20 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     read_gbps = read_bandwidth_gbps()
-    policies = [(w, e) for w in map(int, a.waves.split(",")) for e in (True, False)]
+    policies = list(map(int, a.waves.split(",")))
     rows, cache = [], {}
     for name in a.shapes.split(","):
         names = LAYERS.get(name, (name,))
         floor_ms = sum(packed_bytes(*SHAPES[s]) for s in names) / (read_gbps * 1e9) * 1e3
         for m in map(int, a.ms.split(",")):
-            for waves, even in policies:
-                ms = time_policy(names, m, waves, even, sms, cache)
-                tg.SPLIT_WAVES, tg.SPLIT_EVEN = waves, even
-                rows.append({"shape": name, "m": m, "waves": waves, "even": even, "ms": ms, "floor_ms": floor_ms,
+            for waves in policies:
+                ms = time_policy(names, m, waves, sms, cache)
+                tg.SPLIT_WAVES = waves
+                rows.append({"shape": name, "m": m, "waves": waves, "ms": ms, "floor_ms": floor_ms,
                              "of_floor": floor_ms / ms, "splits": [splits_of(s, m, sms) for s in names]})
                 if not a.json:
                     r = rows[-1]
-                    print(f"{name:<13}{m:>4}{waves:>4} {'even' if even else 'ceil':<5}{ms * 1e3:>9.1f} us"
+                    print(f"{name:<13}{m:>4}{waves:>4}{ms * 1e3:>9.1f} us"
                           f"{100 * r['of_floor']:>7.1f}% of floor  splits {r['splits']}", flush=True)
         cache.clear()
     print(json.dumps({"bench": "split_sweep", **environment(), "read_gbps": read_gbps, "rows": rows}))
