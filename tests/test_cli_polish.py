@@ -142,7 +142,9 @@ def test_gate_says_what_it_does_before_the_job_starts_and_keeps_ray_quiet(stub, 
     r = _orch(["gate", "--head", "HEAD", "--repo", str(stub), "--config", str(cfg), "--json"], stub / "work",
               tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    line = json.loads(r.stdout)  # stdout is the one JSON line, nothing else
+    out = r.stdout.strip().splitlines()  # stdout: the state line, then the one JSON line, nothing else
+    line = json.loads(out[-1])
+    assert out[:-1] == [f"{line['state']}: run {line['run_id']}  report: {line['report_path']}"], out
     err = r.stderr
     order = [err.find(s) for s in ("archive: start", "archive: done", "ray: start", "ray: done",
                                    "placement: start", "job started on box")]
