@@ -13,6 +13,9 @@ from orchestrator.service.daemon import Backend
 from orchestrator.service.http_api import ApiServer, serve_in_thread
 from service_support import config_for, make_repo
 
+# One fuzz run and the check that the server survived it (and that the fuzz reached the backend): a
+# pair, slow together (the second reads what the first did).
+pytestmark = pytest.mark.slow
 TOKEN = "fuzz-token-0123456789abcdef"
 ROUTES = ["/api/gate", "/", "/index.html", "/api/runs", "/api/runs?limit=", "/api/runs/", "/api/owed", "/api/owed?head=",
           "/api/gate", "/x.html", "/api/gate?x="]
