@@ -137,3 +137,17 @@ def test_a_gate_builds_under_the_box_lock_in_its_keyed_directory_warm_the_second
     changed = gate("r3")
     assert changed.build.cache["key"] != first.build.cache["key"] and not changed.build.cache["warm"]
     assert subprocess.run(["flock", "-n", str(tmp_path / "A.lock"), "true"]).returncode == 0
+
+
+def test_under_the_reaper_the_build_stays_in_the_runs_scratch_and_says_so(tmp_path, monkeypatch):
+    """The reaper's unprivileged user cannot reach a cache under root's home: no shared directory is
+    opened or handed to the tree, and the record says why."""
+    from orchestrator.box import build as build_mod
+    from orchestrator.box.sandbox import Isolation, Jail
+    from orchestrator.box.tree import Tree
+    monkeypatch.setattr(build_mod, "build", lambda tree, required, timeout_s: {"markers": [], "duration_s": 0.1})
+    jail = Jail(Isolation(kind="reaper", detail="test", uid=65534, gid=65534), (str(tmp_path),), ())
+    tree = Tree(_tree(tmp_path / "t"), scratch=tmp_path, jail=jail)
+    part = build_mod.build_cached(tree, str(tmp_path / "builds"), None, (), 10, 1)
+    assert part["cache"]["dir"] is None and "reaper" in part["cache"]["why"]
+    assert tree.build_dir is None and not (tmp_path / "builds").exists()

@@ -54,6 +54,11 @@ def build_cached(tree: Tree, cache: str, gpus: str | None, required: tuple[str, 
     inputs equal an earlier tree's reuses its binaries. The part says which directory and whether it
     was warm. BuildError when the directory's lock is not free within `lock_timeout_s`."""
     key = build_key(tree.root, gpus)
+    if tree.confined and tree.jail.isolation.kind == "reaper":
+        # The reaper's unprivileged user owns only its run's scratch (a shared cache under root's home is
+        # out of its reach): its compiler caches stay there, uncached across runs.
+        return {**build(tree, required, timeout_s),
+                "cache": {"key": key, "dir": None, "warm": False, "why": "reaper isolation: built in the run's scratch"}}
     build_dir = tree.build_dirs.get(key)  # the run's other tree has equal kernels: its directory is ours
     if build_dir is None:
         evict(Path(cache).expanduser())

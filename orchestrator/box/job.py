@@ -206,11 +206,15 @@ def build_step(spec, tree: Tree, emit: Emit, parts: BoxResult, keep: Callable[[B
     keep(part)
     parts.timings[f"{step.replace(' ', '_')}_s"] = b["duration_s"]
     emit({"event": "step", "step": step, "status": "done",
-          "detail": f"{'; '.join(b['markers']) or 'no markers'} ({'warm' if b['cache']['warm'] else 'cold'} build dir)"})
+          "detail": f"{'; '.join(b['markers']) or 'no markers'} ({_dir_state(b['cache'])} build dir)"})
     if b["missing"]:
         raise JobError(f"degraded build{'' if side is None else ' of ' + what}: required marker(s) missing: "
                        f"{', '.join(b['missing'])} (the build printed: {'; '.join(b['markers']) or 'no marker lines'})")
     return part
+
+
+def _dir_state(cache: dict) -> str:
+    return "no shared" if cache.get("dir") is None else "warm" if cache.get("warm") else "cold"
 
 
 def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: Judge) -> None:

@@ -64,7 +64,13 @@ def _side(side: Side) -> dict:
             "gate": None,
             "markers": build.markers if build else [], "missing": build.missing if build else [],
             "build_s": build.duration_s if build else None,
-            "build_dir": ("warm" if build.cache.get("warm") else "cold") if build and build.cache else None}
+            "build_dir": _dir_state(build.cache) if build and build.cache else None}
+
+
+def _dir_state(cache: dict) -> str:
+    if cache.get("dir") is None:
+        return f"none shared ({cache.get('why')})"
+    return "warm" if cache.get("warm") else "cold"
 
 
 def _cells(record: Record) -> list[dict]:

@@ -206,7 +206,9 @@ def _phase_lines(record: Record) -> list[Text]:
         out.append(Text(f"  {name:<28} {seconds:8.1f} s", style="bold" if name == "total" else ""))
     builds = [(side, b) for side, b in _builds(record) if b is not None and b.cache]
     for side, b in builds:
-        out.append(Text(f"  build dir{side}: {'warm' if b.cache.get('warm') else 'cold'} {b.cache.get('dir')}"))
+        state = "warm" if b.cache.get("warm") else "cold"
+        where = b.cache.get("dir") or f"none ({b.cache.get('why')})"
+        out.append(Text(f"  build dir{side}: {state} {where}"))
     return out
 
 
