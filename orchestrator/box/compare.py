@@ -4,8 +4,9 @@ grid's cells with the two revisions as the two arms, under one box lock.
 Like a gate's job (`box/job.py`): each tarball's md5 is checked against the driver's, each tree is
 built by its own `engine build` and a missing required marker is refused (a degraded build measures
 the wrong engine), the keeper starts before anything is unpacked, and the lock is held from the idle
-check (before both builds: a build warms its kernels on the GPU) to the last bench, released only once no process of the run is alive. Both trees are one run
-(one token, one scratch directory, one keeper): `Tree.at`.
+check (before both builds: a build warms its kernels on the GPU) to the last bench, released only
+once no process of the run is alive. Both trees are one run (one token, one scratch directory, one
+keeper): `Tree.at`.
 
 The grid spec is read from the HEAD's tree. For one arm config of it (`arm`: its lm_head, backend,
 extra args), `base` and `head` become the two arms: legs alternate base, head / head, base (the

@@ -205,8 +205,8 @@ def _render(conn, record: Record, reports_dir) -> bool:
         record.not_run.append(NotRun(what="HTML report", why="orchestrator.report is not installed"))
         return False
     try:
-        render_run(record, reports_dir, owed=list_open(conn, record.head.sha, as_of=record.finished_at,
-                                                              run_id=record.run_id))
+        items = list_open(conn, record.head.sha, as_of=record.finished_at, run_id=record.run_id)
+        render_run(record, reports_dir, owed=items)
         return True
     except Exception as e:  # a report bug must not lose a gate result
         record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
