@@ -118,14 +118,33 @@ class TensorSource:
         return t
 
 
+# The bit patterns of NaN (and, in E5M2, Inf) in one-byte floats: an exponent of all ones (E5M2) or
+# exponent and mantissa all ones (E4M3FN, which has no Inf). Read from the bytes, no cast needed.
+FP8_NONFINITE = {torch.float8_e4m3fn: (0x7F, 0x7F), torch.float8_e5m2: (0x7C, 0x7C)}
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether a floating-point tensor holds no NaN or Inf, in one pass that allocates nothing the size
+    of `t`: one-byte floats by their bit patterns, wider ones by a max and a min (both reductions keep
+    a NaN, and an Inf is its own extreme). This runs on every tensor of a checkpoint at load: an
+    elementwise isfinite of a 27b shape's scales and embedding took ~48 s on one thread."""
+    if t.numel() == 0:
+        return True
+    if t.dtype in FP8_NONFINITE:
+        mask, bits = FP8_NONFINITE[t.dtype]
+        return not bool(((t.view(torch.uint8) & mask) == bits).any())
+    if t.element_size() == 1:  # a one-byte float without a known pattern: the exact cast
+        return bool(torch.isfinite(t.to(torch.float16)).all())
+    return bool(torch.isfinite(t.amax())) and bool(torch.isfinite(t.amin()))
+
+
 def check_finite(t: torch.Tensor, what: str) -> None:
-    """Refuse a floating-point tensor holding NaN or Inf. FP8 has no isfinite kernel: it is cast to
-    FP16 (exact for E4M3 and E5M2, NaN stays NaN). Integer tensors (packed FP4 bytes) have no NaN."""
-    if not t.is_floating_point():
+    """Refuse a floating-point tensor holding NaN or Inf, naming how many and the first. FP8 has no
+    isfinite kernel: for the message it is cast to FP16 (exact for E4M3 and E5M2, NaN stays NaN).
+    Integer tensors (packed FP4 bytes) have no NaN."""
+    if not t.is_floating_point() or all_finite(t):
         return
     v = t.to(torch.float16) if t.element_size() == 1 else t
-    if bool(torch.isfinite(v).all()):
-        return
     bad = ~torch.isfinite(v)
     first = [int(i) for i in bad.nonzero()[0]]
     raise CheckpointError(f"{what} has {int(bad.sum())} NaN/Inf value(s), first at {first} = "

@@ -95,6 +95,9 @@ clone() {
   git clone -q .regate-bundle/repo.bundle "$CLONE" && git -C "$CLONE" checkout -q "$(cat .regate-bundle/sha)"
 }
 
+# each line prefixed with the seconds since the stage began: where a run's time goes, even when it is killed
+stamp() { local t0=$SECONDS l; while IFS= read -r l; do printf '%4ds %s\n' $((SECONDS - t0)) "$l"; done; }
+
 in_clone() { (cd "$CLONE" && PYTHONPATH=/tmp/site:$CLONE "$@"); }
 
 stage_gate() {
@@ -125,7 +128,7 @@ stage_compare() {
   install_wheels && clone || return 1
   local t0=$SECONDS rc tag=${COMPARE_TAG:-compare}
   in_clone $PY -m orchestrator.cli compare --base "${COMPARE_BASE:-HEAD~1}" --head HEAD \
-    --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" --json > "$OUT/$tag.stdout" 2> "$OUT/$tag.stderr"; rc=$?
+    --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" --json 2>&1 > "$OUT/$tag.stdout" | stamp > "$OUT/$tag.stderr"; rc=${PIPESTATUS[0]}
   grep -v -e gcs_client -e 'Token authentication' "$OUT/$tag.stderr" | tail -30
   echo "$tag rc=$rc wall_s=$((SECONDS - t0)) sha=$(git -C "$CLONE" rev-parse HEAD)"
   tail -1 "$OUT/$tag.stdout" | tee "$OUT/$tag.json"

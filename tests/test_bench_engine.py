@@ -32,6 +32,8 @@ def test_bench_prints_one_json_line_with_the_schema(monkeypatch):
     assert r["meta"]["switches"]["REGATE_NO_SUCH_SWITCH"] == "4"
     assert all(k.startswith("REGATE_") for k in r["meta"]["switches"])
     assert r["params"]["lm_head"] == "packed" and r["params"]["batch"] == 2
+    assert list(r["phases_s"]) == ["start", "imports", "load", "warmup", "runs", "measure"]
+    assert all(v >= 0 for v in r["phases_s"].values())
     f = r["floor"]
     assert f["weight_bytes"] == r["bytes_per_decode_step"] and f["box_read_gb_s"] > 0
     assert f["total_bytes"] == f["weight_bytes"] + f["state_bytes"] + f["kv_bytes"]
@@ -122,3 +124,15 @@ def test_git_state_says_when_the_tree_is_not_head(tmp_path):
     assert git_state(tmp_path) == {"head_sha": sha, "tree_dirty": False}
     (tmp_path / "kernel.cu").write_text("v2\n")  # a copied-in tree newer than the checkout's HEAD
     assert git_state(tmp_path) == {"head_sha": sha, "tree_dirty": True}
+
+
+def test_a_process_age_counts_from_its_birth():
+    """`phases_s.start`: read from /proc against the boot clock, so a process that slept 0.5 s before
+    asking is at least that old, and not older than the test that started it."""
+    import subprocess
+    import sys
+    import time
+    t0 = time.monotonic()
+    code = "import time; time.sleep(0.5); from engine.commands.bench import since_process_start as s; print(s())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.5 <= age <= time.monotonic() - t0 + 0.05

@@ -12,7 +12,7 @@ from orch_jobs import gate_without_ray  # noqa: E402
 
 from orchestrator.record import Record  # noqa: E402
 from orchestrator.report.render import html  # noqa: E402
-from orchestrator.report.phases import phases  # noqa: E402
+from orchestrator.report.phases import leg_insides, phases  # noqa: E402
 from orchestrator.report.summary import lines  # noqa: E402
 
 
@@ -56,6 +56,21 @@ def test_show_and_the_report_print_the_phases():
     assert "phases" in text and "leg 2 dequant (b1)" in text and "13.0 s" in text
     page = html(rec)
     assert "Where the time went" in page and "leg 2 dequant (b1)" in page
+
+
+def test_inside_the_legs_sums_each_benchs_phases_and_what_it_could_not_see():
+    bench = {"start": 1.0, "imports": 2.0, "load": 3.0, "warmup": 1.5, "runs": 0.5, "measure": 0.25}
+    cell = {"cell": {"label": "b1"}, "orders": [["packed", "dequant"]],
+            "arms": {"packed": {"wall_s": [10.0], "raw": [{"phases_s": bench}]},
+                     "dequant": {"wall_s": [12.0], "raw": [{"phases_s": {**bench, "start": None}}]}}}
+    rec = _record(grid={"cells": [cell]})
+    n, inside = leg_insides(rec)
+    assert n == 2 and dict(inside) == {"start": 1.0, "imports": 4.0, "load": 6.0, "warmup": 3.0, "runs": 1.0,
+                                       "measure": 0.5, "outside": 22.0 - 15.5}
+    assert [k for k, _ in inside][-1] == "outside"
+    assert "inside the 2 legs: start 1.0 s, imports 4.0 s, load 6.0 s" in "\n".join(str(t) for t in lines(rec))
+    assert "Inside the 2 legs" in html(rec)
+    assert leg_insides(_record()) == (0, [])  # legs whose benches reported no phases (an older engine)
 
 
 def test_a_gate_records_its_phases_and_its_build_directory(tmp_path):

@@ -4,7 +4,10 @@ Prints a table for people (stderr when --json) and ONE JSON line for machines (s
 decode_tok_s (median over iterations) and every iteration's, ms_per_step, prefill_ms (median) and every
 iteration's (the first of a shape runs eagerly, its second captures a graph: engine/prefill_graphs.py), peak host
 RSS, peak device memory, bytes_per_decode_step (from the residency table) and achieved GB/s, and
-metadata captured automatically. Prompts are synthetic token ids drawn from `--seed`, the same every run;
+metadata captured automatically, and `phases_s`: where the process's own wall time went (start: from the
+process's birth to the bench, Python and the CLI; imports: torch and the engine; load: the checkpoint read,
+placed and prepared; warmup; runs; measure: residency, the box's read bandwidth, memory), so a leg's record
+says what made it slow. Prompts are synthetic token ids drawn from `--seed`, the same every run;
 with `--one-off-prompts` each run's (warm-up included) are new and one token shorter than the run's
 before, so no prefill repeats a shape asked for before: the prefill a user's new prompt gets.
 """
@@ -18,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -84,8 +88,27 @@ def collect_meta(backend: str) -> dict:
     return meta
 
 
+def since_process_start() -> float | None:
+    """Seconds since this process was born (Linux: its start time in /proc against the boot clock);
+    None where that is not readable."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        born = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - born)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: int, gen_len: int, iters: int,
               warmup: int, seed: int, one_off: bool = False) -> dict:
+    started, t = since_process_start(), time.perf_counter()
+    phases: dict[str, float | None] = {"start": None if started is None else round(started, 3)}
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        phases[name], t = round(now - t, 3), now
+
     import torch
 
     from engine import ablate
@@ -95,6 +118,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     from engine.floor import decode_floor_bytes
     from engine.linear import head_on_fp4_gemm
     from engine.memory import memory_snapshot
+    lap("imports")
 
     if gen_len < 2 or batch < 1 or prompt_len < 1 or iters < 1 or warmup < 0:
         raise ValueError(f"need batch >= 1, prompt-len >= 1, gen-len >= 2 (decode steps), iters >= 1, "
@@ -104,6 +128,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
                          f"be >= warmup + iters = {warmup + iters}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
                  max_model_len=prompt_len + gen_len, allow_ablation=True)  # a REGATE_ABLATE record says so
+    lap("load")
     has_gemm, why = fp4_gemm_status(backend)
     on_gemm = head_on_fp4_gemm(eng.model)
     if backend == "cuda" and lm_head == "packed" and not on_gemm:
@@ -113,11 +138,13 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     vocab = eng.model.config.vocab_size
     for i in range(warmup):
         eng.generate(run_prompts(batch, prompt_len, vocab, seed, i, one_off), gen_len)
+    lap("warmup")
     runs = []
     for i in range(warmup, warmup + iters):
         stats: dict = {}
         eng.generate(run_prompts(batch, prompt_len, vocab, seed, i, one_off), gen_len, stats=stats)
         runs.append(stats)
+    lap("runs")
     tok_s = [r["decode_tokens"] / r["decode_s"] for r in runs]
     ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
     step_bytes = eng.residency()["totals"]["bytes_per_decode_step"]
@@ -127,6 +154,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     floor["floor_ms"] = floor["total_bytes"] / bandwidth["gb_s"] / 1e6
     floor["share_of_floor"] = floor["floor_ms"] / ms_step
     mem = memory_snapshot(eng.device)
+    lap("measure")
     return {
         "schema_version": SCHEMA_VERSION, "decode_tok_s": statistics.median(tok_s), "decode_tok_s_iters": tok_s,
         "ms_per_step": ms_step, "prefill_ms": statistics.median(1000 * r["prefill_s"] for r in runs),
@@ -134,6 +162,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "peak_rss_bytes": mem["peak_rss_bytes"], "peak_device_bytes": mem["peak_device_bytes"],
         "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
         "floor": floor,
+        "phases_s": phases,
         "ablated": ablate.label(eng.ablation) or None,  # engine/ablate.py: timing only, its tokens are wrong
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
@@ -158,6 +187,8 @@ def print_table(r: dict, out) -> None:
           file=out)
     print(f"  {r['bytes_per_decode_step'] / 2**20:.2f} MiB/step -> {r['achieved_gb_s']:.2f} GB/s  peak RSS "
           f"{r['peak_rss_bytes'] / 2**30:.3f} GiB  peak device {r['peak_device_bytes'] / 2**30:.3f} GiB", file=out)
+    ph = r.get("phases_s") or {}
+    print("  phases " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items() if v is not None), file=out)
     f = r["floor"]
     print(f"  floor {f['total_bytes'] / 2**20:.2f} MiB/step (weights {f['weight_bytes'] / 2**20:.2f}, state "
           f"{f['state_bytes'] / 2**20:.2f}, KV {f['kv_bytes'] / 2**20:.2f}) at {f['box_read_gb_s']:.1f} GB/s read "

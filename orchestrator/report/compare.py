@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from grids.spec import Policy
-from orchestrator.report.phases import phases
+from orchestrator.report.phases import leg_insides, phases
 from orchestrator.record import Compare, Record, Side
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import view as run_view
@@ -110,7 +110,8 @@ def view(record: Record | dict) -> dict:
             "base": {**_side(comp.base), "gate": (comp.gates or {}).get("base")},
             "head": {**_side(comp.head), "gate": (comp.gates or {}).get("head")}, "cells": _cells(record),
             "established": established, "owed": owed, "not_run": claims_mod.not_run(record),
-            "lock": record.lock.to_json() if record.lock else None, "phases": phases(record)}
+            "lock": record.lock.to_json() if record.lock else None, "phases": phases(record),
+            "leg_insides": leg_insides(record)}
 
 
 def report_path(reports_dir, record: Record) -> Path:

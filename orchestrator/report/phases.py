@@ -5,6 +5,11 @@ report in `timings`, the box's lock wait, build(s), marker proof and residency t
 and pin's own duration, each grid cell's checkpoint and each leg's wall time per arm. This lays them
 out one row each, with what no phase accounts for (`other`: Ray's scheduling, unpacking, the idle
 check, the database) so the rows add up to the total. `orchestrator show` and the report print it.
+
+Inside the legs (`leg_insides`): each bench reports its own process's phases (`engine bench`'s
+`phases_s`: start, imports, load, warmup, runs, measure); summed over every leg, with what the bench
+cannot see (`outside`: the jail's spawn, the interpreter's exit, the GPU memory's release) as the leg
+walls less those, they say whether a slow leg is the checkpoint's load, the warm-up or the work.
 """
 from __future__ import annotations
 
@@ -56,3 +61,23 @@ def _grid_rows(grid: dict | None) -> list[tuple[str, float]]:
 
 def _num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def leg_insides(record: Record) -> tuple[int, list[tuple[str, float]]]:
+    """(legs that reported their phases, [(phase, seconds summed over them)...] ending with `outside`);
+    (0, []) when no leg did (an older engine's bench, or no grid)."""
+    sums: dict[str, float] = {}
+    n = walled = 0
+    for cell in (record.grid or {}).get("cells") or []:
+        for arm in (cell.get("arms") or {}).values():
+            for raw, wall in zip(arm.get("raw") or [], arm.get("wall_s") or []):
+                ph = (raw or {}).get("phases_s") or {}
+                if not ph or not _num(wall):
+                    continue
+                n, walled = n + 1, walled + float(wall)
+                for k, v in ph.items():
+                    if _num(v):
+                        sums[k] = sums.get(k, 0.0) + float(v)
+    if not n:
+        return 0, []
+    return n, [*sums.items(), ("outside", max(0.0, walled - sum(sums.values())))]

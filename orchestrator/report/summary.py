@@ -16,7 +16,7 @@ from rich.text import Text
 
 from orchestrator.record import Record
 from orchestrator.report import claims as claims_mod
-from orchestrator.report.phases import phases
+from orchestrator.report.phases import leg_insides, phases
 from orchestrator.report.view import when
 
 STATE_STYLE = {"PASSED": "bold green", "FAILED": "bold red", "ERROR": "bold yellow", "LOST": "bold yellow",
@@ -204,6 +204,9 @@ def _phase_lines(record: Record) -> list[Text]:
     out = [Text("phases", style="bold")]
     for name, seconds in rows:
         out.append(Text(f"  {name:<28} {seconds:8.1f} s", style="bold" if name == "total" else ""))
+    n, inside = leg_insides(record)
+    if n:
+        out.append(Text(f"  inside the {n} legs: " + ", ".join(f"{k} {v:.1f} s" for k, v in inside)))
     builds = [(side, b) for side, b in _builds(record) if b is not None and b.cache]
     for side, b in builds:
         state = "warm" if b.cache.get("warm") else "cold"
