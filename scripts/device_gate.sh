@@ -13,6 +13,9 @@
 #   compare  `orchestrator compare --base $COMPARE_BASE --head HEAD --grid $GRID_SPEC --json` on the clone (default
 #            base HEAD~1, grid grids/lmhead-64.yaml: full depth); the JSON line, rc, wall seconds; the record
 #            (phases: builds warm or cold, lock wait, each leg) under $OUT/compare_record.json
+#   sandboxcost  after `gate` (build dir warm): the same head gated again (--force) under each isolation of
+#            $SANDBOX_ORDER (default "none bwrap"), each wall time and state: the sandbox's own cost. A dry run on a
+#            CPU machine: NO_WHEELS=1 PY=.venv/bin/python SANDBOX_GPUS=0 SANDBOX_MARKERS='[]' bash scripts/device_gate.sh bundle sandboxcost
 #   killcompare  a compare killed (SIGKILL of its process group) $KILL_AFTER_S (default 150) seconds in, then
 #            `compare` again on the same box: the second must start and complete
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
@@ -112,6 +115,22 @@ stage_gate() {
   [ -n "$run" ] && cp "$CLONE/.regate/reports/$run.html" "$OUT/gate_report.html" 2>/dev/null
   [ -n "$run" ] && in_clone $PY -m orchestrator.cli show "$run" --json > "$OUT/gate_record.json" 2>/dev/null
   return $rc
+}
+
+stage_sandboxcost() {  # the sandbox's cost: gates of the same head (--force, build dir warm) under $SANDBOX_ORDER
+  install_wheels && clone || return 1
+  local iso t0 rc box; box=$(hostname | cut -d. -f1); mkdir -p "$CLONE/.regate"
+  for iso in ${SANDBOX_ORDER:-none bwrap}; do
+    cat > "$CLONE/.regate/isolation-$iso.yaml" <<Y
+boxes:
+  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SANDBOX_GPUS:-1}, required_markers: ${SANDBOX_MARKERS:-'["packed NVFP4 W4A16 GEMM: ENABLED"]'}, isolation: $iso}
+Y
+    t0=$SECONDS
+    in_clone $PY -m orchestrator.cli gate --head HEAD --force --json --config ".regate/isolation-$iso.yaml" \
+      > "$OUT/gate-$iso.stdout" 2> "$OUT/gate-$iso.stderr"; rc=$?
+    echo "isolation $iso: rc=$rc wall_s=$((SECONDS - t0))"
+    tail -1 "$OUT/gate-$iso.stdout" | $PY -c "import json,sys; r=json.loads(sys.stdin.read()); print(r['state'], r['isolation'])"
+  done
 }
 
 stage_grid() {  # a throughput grid alone on the clone (no suites): $GRID_SPEC, default grids/lmhead-64.yaml
