@@ -6,8 +6,8 @@ dependency's release as well as its work. That is not what removing the part wou
 kernel has a release to wait for either way, and its early weight loads overlap differently (the
 64-layer step's `norm` books 0.61 ms over 129 launches, ~4.7 us each, for well under a microsecond of
 work each). An ablation measures the saving directly: the engine is built with the parts named in
-REGATE_ABLATE replaced, and `engine bench` times the step as usual. Items, joined by "+" (a comma
-separates the A/B script's variables):
+the engine option `ablate` (engine/options.py; `--option ablate=...`) replaced, and `engine bench`
+times the step as usual. Items, joined by "+":
 
 - `norm`: the residual add + RMSNorm launches (rms_norm, add_rms_norm) return their input;
 - `delta_rule`: Gated DeltaNet's decode step (conv_step, delta_step);
@@ -26,13 +26,12 @@ on are garbage: an ablated engine computes wrong tokens. Its timings are the poi
 work does not depend on the values (greedy picks; no stop token ends a bench's run). So only
 `engine bench` and `engine attribute` build one (`allow_ablation=True`; their output names it);
 every other Engine refuses with AblationError, a grid refuses a bench record that names one, and the
-orchestrator's gate, compare, grid, mutate and serve refuse to start with REGATE_ABLATE set. The
+orchestrator's gate, compare, grid, mutate and serve never pass one (they pass no options). The
 ablations replace the fused decode kernels and the fp4 GEMM, so they need CUDA's path: an ablation
 of a part the backend does not run that way is refused, not silently ignored.
 """
 from __future__ import annotations
 
-import os
 from functools import partial
 from types import SimpleNamespace
 
@@ -41,7 +40,7 @@ import torch
 from engine.backends import Fp4Gemm
 from engine.errors import AblationError
 
-ENV = "REGATE_ABLATE"
+NAME = "option ablate"  # how messages name it
 GEMM_PARTS = ("tower", "lm_head")
 KERNEL_PARTS = ("norm", "delta_rule", "attention")
 PARTS = GEMM_PARTS + KERNEL_PARTS
@@ -50,7 +49,7 @@ GEMM_MODES = KERNEL_MODES + ("read",)
 
 
 def parse(text: str) -> dict[str, str]:
-    """REGATE_ABLATE's value -> {part: mode}, in the order given; "" -> {}."""
+    """The option ablate's value -> {part: mode}, in the order given; "" -> {}."""
     out: dict[str, str] = {}
     for item in (t.strip() for t in text.split("+")):
         if not item:
@@ -58,19 +57,15 @@ def parse(text: str) -> dict[str, str]:
         part, _, mode = item.partition(":")
         mode = mode or "free"
         if part not in PARTS:
-            raise AblationError(f"{ENV}: unknown part {part!r} in {text!r}; expected {' + '.join(PARTS)}, "
+            raise AblationError(f"{NAME}: unknown part {part!r} in {text!r}; expected {' + '.join(PARTS)}, "
                                 f"each with an optional :{'|:'.join(GEMM_MODES)}")
         allowed = GEMM_MODES if part in GEMM_PARTS else KERNEL_MODES
         if mode not in allowed:
-            raise AblationError(f"{ENV}: {part!r} has no mode {mode!r} in {text!r}; expected {', '.join(allowed)}")
+            raise AblationError(f"{NAME}: {part!r} has no mode {mode!r} in {text!r}; expected {', '.join(allowed)}")
         if part in out:
-            raise AblationError(f"{ENV}: {part!r} named twice in {text!r}")
+            raise AblationError(f"{NAME}: {part!r} named twice in {text!r}")
         out[part] = mode
     return out
-
-
-def from_env() -> dict[str, str]:
-    return parse(os.environ.get(ENV, ""))
 
 
 def label(ablation: dict[str, str]) -> str:
@@ -80,8 +75,8 @@ def label(ablation: dict[str, str]) -> str:
 
 def check_allowed(ablation: dict[str, str], allow: bool) -> None:
     if ablation and not allow:
-        raise AblationError(f"{ENV}={label(ablation)}: an ablated engine computes wrong tokens; only `engine bench` "
-                            f"and `engine attribute` build one (for timing). Unset {ENV} for anything else")
+        raise AblationError(f"{NAME}={label(ablation)}: an ablated engine computes wrong tokens; only `engine bench` "
+                            f"and `engine attribute` build one (for timing). Drop the option for anything else")
 
 
 def _unwritten(shape, like: torch.Tensor) -> torch.Tensor:
@@ -99,14 +94,15 @@ _STUBS = {
 }
 
 
-def _stub(fn, mode: str):
-    """fn's result without its kernel; with `empty`, after one launch that does nothing."""
+def _stub(fn, mode: str, policy):
+    """fn's result without its kernel; with `empty`, after one launch that does nothing (PDL as `policy`,
+    the engine's KernelPolicy, says)."""
     def call(*a, **kw):
         on, result = fn(*a, **kw)
         if mode == "empty":
             from kernels.plain_read import empty_launch  # Triton: imported where it is used
 
-            empty_launch(on.device)
+            empty_launch(on.device, policy)
         return result
     return call
 
@@ -117,12 +113,12 @@ def fused(ns: SimpleNamespace | None, ablation: dict[str, str]) -> SimpleNamespa
     if not parts:
         return ns
     if ns is None:
-        raise AblationError(f"{ENV}={label(ablation)}: {', '.join(parts)} can be ablated only on the fused decode "
-                            "kernels (CUDA with REGATE_FUSED_DECODE on); this engine runs the reference path")
+        raise AblationError(f"{NAME}={label(ablation)}: {', '.join(parts)} can be ablated only on the fused decode "
+                            "kernels (CUDA with the option fused_decode on); this engine runs the reference path")
     out = SimpleNamespace(**vars(ns))
     for p in parts:
         for name, fn in _STUBS[p].items():
-            setattr(out, name, _stub(fn, ablation[p]))
+            setattr(out, name, _stub(fn, ablation[p], ns.policy))
     return out
 
 
@@ -132,7 +128,7 @@ def gemm(g: Fp4Gemm | None, ablation: dict[str, str], part: str) -> Fp4Gemm | No
     if mode is None:
         return g
     if g is None:
-        raise AblationError(f"{ENV}={label(ablation)}: {part} can be ablated only where it runs on the fp4 GEMM; "
+        raise AblationError(f"{NAME}={label(ablation)}: {part} can be ablated only where it runs on the fp4 GEMM; "
                             "this backend has none")
     return Fp4Gemm(prepare=g.prepare, matmul=partial(g.matmul, ablate=mode), merge=g.merge,
                    matmul_merged=partial(g.matmul_merged, ablate=mode) if g.matmul_merged else None,

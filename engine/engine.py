@@ -9,7 +9,6 @@ The engine knows nothing about tokenization: prompts and outputs are token ids.
 """
 from __future__ import annotations
 
-import os
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -26,17 +25,11 @@ from engine.linear import HEAD_ARMS
 from engine.memory import memory_snapshot
 from engine.model.build import build_model, prepare_model
 from engine.model_runner import DecodeStep, ModelRunner
+from engine.options import EngineOptions
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.scheduler import Scheduler
 from engine.paged.sequence import PENDING, Sequence
 from engine.scopes import DECODE, marker, scope
-
-
-def decode_ahead() -> bool:
-    """Decode one step ahead of the reads (the default): the host schedules and launches step n + 1
-    before it waits for step n's tokens, so its own work overlaps the device's. REGATE_DECODE_AHEAD=0:
-    each step is read back before the next is scheduled."""
-    return os.environ.get("REGATE_DECODE_AHEAD", "1") != "0"
 
 
 class _Launched(NamedTuple):
@@ -55,24 +48,26 @@ class Engine:
                  max_num_seqs: int = 16, block_size: int = 16, max_model_len: int | None = None,
                  num_blocks: int | None = None, max_num_batched_tokens: int | None = None, top_k: int = 5,
                  cuda_graphs: bool | None = None, block_order: list[int] | None = None,
-                 allow_ablation: bool = False):
-        """`allow_ablation`: build the engine REGATE_ABLATE asks for (engine/ablate.py: wrong tokens,
-        timings only); without it an engine refuses to start while REGATE_ABLATE names a part."""
+                 allow_ablation: bool = False, options: EngineOptions | None = None):
+        """`options`: every switch of the engine and its kernels (engine/options.py; None: the defaults).
+        `allow_ablation`: build the engine the option `ablate` asks for (engine/ablate.py: wrong tokens,
+        timings only); without it an engine refuses to start while the option names a part."""
         from engine.loader import load_checkpoint  # the checkpoint loader owns every input check
 
         if lm_head not in HEAD_ARMS:
             raise ValueError(f"lm_head {lm_head!r}: expected one of {HEAD_ARMS}")
-        self.ablation = ablate.from_env()  # {part: mode}; {} for the real engine
+        self.options = options if options is not None else EngineOptions()
+        self.ablation = ablate.parse(self.options.ablate)  # {part: mode}; {} for the real engine
         ablate.check_allowed(self.ablation, allow_ablation)
         self.backend, self.lm_head_arm, self.top_k = backend, lm_head, top_k
         self.device = device_for(backend)
-        ckpt = load_checkpoint(Path(model_dir))
+        ckpt = load_checkpoint(Path(model_dir), w4a4=self.options.nvfp4_w4a4)
         self.naming, self.head_kind = ckpt.naming, ckpt.head_kind
-        self.model = build_model(ckpt, backend, lm_head, self.ablation)
+        self.model = build_model(ckpt, backend, lm_head, self.ablation, self.options)
         self.config = ckpt.config
         del ckpt  # the model holds what it needs; the rest may go
         self.memory = {"after_load": memory_snapshot(self.device)}
-        prepare_model(self.model)
+        prepare_model(self.model, self.options)
         self.memory["after_prepare"] = memory_snapshot(self.device)
         cfg = self.model.config
         self.max_num_seqs = max_num_seqs
@@ -103,7 +98,7 @@ class Engine:
             kv = KvCache(cfg, self.num_blocks, self.block_size, dtype, self.device)
             state = StateCache(cfg, self.max_num_seqs, dtype, self.device)
             self._runner = ModelRunner(self.model, bm, kv, state, self.device, self.max_num_seqs,
-                                       self.max_model_len, self._cuda_graphs, self.top_k)
+                                       self.max_model_len, self._cuda_graphs, self.top_k, self.options)
         return self._runner
 
     def _check_prompts(self, prompts: list[list[int]]) -> None:
@@ -129,7 +124,10 @@ class Engine:
             scheduler.add(s)
         topk: dict[int, list[TopK]] = {s.seq_id: [] for s in seqs}
         timing = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0}
-        ahead = decode_ahead()
+        # Decode one step ahead of the reads (the option decode_ahead, on by default): the host schedules
+        # and launches step n + 1 before it waits for step n's tokens, so its own work overlaps the
+        # device's; off: each step is read back before the next is scheduled.
+        ahead = self.options.decode_ahead
         inflight: _Launched | None = None  # a decode step launched and not read back yet
         t_decode = None  # start of the current run of decode steps (timed as one, they overlap the host)
         decode_run = ExitStack()  # its scopes.DECODE range, recorded only while attribution is on

@@ -11,5 +11,5 @@ class CapacityError(Exception):
 
 
 class AblationError(ValueError):
-    """REGATE_ABLATE names something unknown, or an ablated engine was asked for where tokens or
+    """The option ablate names something unknown, or an ablated engine was asked for where tokens or
     numbers must be real (engine/ablate.py)."""

@@ -15,7 +15,7 @@ import torch
 
 from engine.ckpt_files import expect_object, read_json_object, regular_file
 from engine.errors import CheckpointError
-from engine.nvfp4 import BLOCK, Nvfp4Weight, w4a4_enabled
+from engine.nvfp4 import BLOCK, Nvfp4Weight
 from engine.nvfp4_tensors import FLOAT_DTYPES, check_agreement, load_bf16, load_nvfp4
 from engine.presets import MODEL_TYPE, TensorSpec, layout
 from engine.quant_config import QuantConfig, read_quant_config
@@ -34,7 +34,7 @@ class Checkpoint:
     head_kind: str  # "nvfp4" | "bf16" | "tied"
     linears: dict[str, Nvfp4Weight | torch.Tensor]  # module path without prefix -> weight
     tensors: dict[str, torch.Tensor]  # every other tensor, name without prefix
-    w4a4: bool = False  # input scales present AND REGATE_NVFP4_W4A4=1 (never for the head)
+    w4a4: bool = False  # input scales present AND W4A4 asked for (the option nvfp4_w4a4; never the head)
     quant: QuantConfig | None = field(default=None, repr=False)
 
 
@@ -121,7 +121,7 @@ def _load_tower(src, quant, text, prefix, head_kind):
     return linears, tensors
 
 
-def load_checkpoint(model_dir) -> Checkpoint:
+def load_checkpoint(model_dir, w4a4: bool = False) -> Checkpoint:
     model_dir = Path(model_dir)
     config = read_text_config(model_dir)
     text = text_config(config)
@@ -138,4 +138,4 @@ def load_checkpoint(model_dir) -> Checkpoint:
         raise CheckpointError(f"{model_dir}: lm_head carries NVFP4 tensors but {quant.describe(HEAD, HEAD)}")
     has_input_scales = any(isinstance(w, Nvfp4Weight) and w.input_scale is not None for w in linears.values())
     return Checkpoint(model_dir, dict(text), prefix, quant.naming, head_kind, linears, tensors,
-                      w4a4=has_input_scales and w4a4_enabled(), quant=quant)
+                      w4a4=has_input_scales and w4a4, quant=quant)

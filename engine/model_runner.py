@@ -27,7 +27,8 @@ from engine.model.context import Context
 from engine.model.qwen3_5 import Qwen3_5Model
 from engine.paged.block_manager import BlockManager, blocks_for
 from engine.paged.sequence import PENDING, Sequence
-from engine.prefill_graphs import WARM_ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit, warm_lengths
+from engine.options import DEFAULT, EngineOptions
+from engine.prefill_graphs import PrefillFeed, PrefillGraphs
 from engine.scopes import FORWARD, marker, scope
 
 # The per-step rows the host sends. `ids` sits right after `prev_ids` (the last step's picks, by its
@@ -45,22 +46,24 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: Qwen3_5Model, bm: BlockManager, kv: KvCache, state: StateCache, device,
-                 max_num_seqs: int, max_model_len: int, cuda_graphs: bool, top_k: int = 5):
+                 max_num_seqs: int, max_model_len: int, cuda_graphs: bool, top_k: int = 5,
+                 options: EngineOptions = DEFAULT):
+        """`options`: the engine's (engine/options.py): the pick's kernel, prefill graphs and buckets."""
         self.model, self.bm, self.kv, self.state, self.device = model, bm, kv, state, device
         self.max_num_seqs = max_num_seqs
         self.max_blocks = blocks_for(max_model_len, bm.block_size)
         self.top_k = min(top_k, model.config.vocab_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.sample_kernel = fused_sample(device)  # None: torch's topk and argmax pick
+        self.sample_kernel = fused_sample(device, options)  # None: torch's topk and argmax pick
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step
-        limit = graph_limit() if cuda_graphs else 0
+        limit = options.prefill_graphs if cuda_graphs else 0
         self.prefill_graphs = PrefillGraphs(self._prefill_forward, device, limit) if limit else None
-        self.prefill_bucket = bucket_tokens()  # 0: prefills run at their own shape
+        self.prefill_bucket = options.prefill_bucket  # 0: prefills run at their own shape
         if cuda_graphs:
             self.capture_decode_graphs()
-            self.warm_prefill_graphs(warm_lengths())
+            self.warm_prefill_graphs(list(options.prefill_warm))
 
     def prefill(self, seqs: list[Sequence], all_logits: bool = False) -> torch.Tensor:
         """Every token of each sequence -> last-token logits [B, V] (or all logits [T, V]). On CUDA
@@ -95,12 +98,12 @@ class ModelRunner:
             return self.model.logits(hidden)
 
     def warm_prefill_graphs(self, lengths: list[int]) -> None:
-        """Capture the batch-1 prefill bucket of each prompt length up front (REGATE_PREFILL_WARM)."""
+        """Capture the batch-1 prefill bucket of each prompt length up front (the option prefill_warm)."""
         if not lengths:
             return
         if self.prefill_graphs is None or not self.prefill_bucket or not self.shares_prefill_graphs():
-            raise ValueError(f"{WARM_ENV}: warm prefill graphs need prefill graphs on, REGATE_PREFILL_BUCKET > 0 "
-                             f"and a forward keyed by shape (REGATE_PREFILL_ATTENTION=1 with the fused prefill)")
+            raise ValueError("option prefill_warm: warm prefill graphs need prefill graphs on, prefill_bucket > 0 "
+                             "and a forward keyed by shape (prefill_attention=1 with the fused prefill)")
         for n in lengths:
             self.prefill_graphs.warm(PrefillFeed.in_sink(n, self.kv.pad_block, pad_slot=self.state.pad_slot,
                                                          block_size=self.bm.block_size, multiple=self.prefill_bucket))

@@ -10,7 +10,6 @@ normalizes compressed-tensors' reciprocal `weight_global_scale` into it at load.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -143,11 +142,6 @@ def dequantize_raw(packed, block_scale, global_scale: float, dtype=torch.float32
         scale = block_scale[r0:r1].float().unsqueeze(-1) * gscale
         out[r0:r1] = (vals * scale).reshape(r1 - r0, k)
     return out
-
-
-def w4a4_enabled() -> bool:
-    """W4A4 (activations quantized to FP4 too) is opt-in only, never the default."""
-    return os.environ.get("REGATE_NVFP4_W4A4", "") == "1"
 
 
 def fake_quantize_activations(x: torch.Tensor, input_scale: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ is the graph's key. The device inputs are one flat buffer (`PrefillFeed`) the ho
 copy before each replay; what is derived from them (cu_seqlens, each token's sequence) is computed
 inside the forward, so the eager path and the graph run the same kernels on the same values.
 
-Buckets (REGATE_PREFILL_BUCKET=N, off by default): a prefill's tokens are padded up to a multiple of
+Buckets (the option prefill_bucket=N, off by default): a prefill's tokens are padded up to a multiple of
 N by one more sequence that owns only the caches' padding sink (the KV pad block, the state pad slot),
 as decode pads its batch. Where the forward reads its sequences' extents from the device alone (the
 fused prefill kernels with kernels/paged_prefill.py's attention: ModelRunner.shares_prefill_graphs),
@@ -19,13 +19,13 @@ such a feed's key is its shape, (tokens, sequences, width), so every batch of th
 graph, a prompt never seen before included; elsewhere the padded feed keys by its lengths as an
 unpadded one does.
 Eager and replayed prefills of a bucket run at the same padded shape, so they agree bit for bit.
-REGATE_PREFILL_WARM=T1,T2,.. captures the batch-1 buckets of those token counts when the runner is
+The option prefill_warm=T1,T2,.. captures the batch-1 buckets of those token counts when the runner is
 made (as decode graphs are), from a prompt that lives in the sink: a user's first prompt of such a
 length replays at once instead of running eagerly and then capturing.
 
 Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
 costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
-keys are held (REGATE_PREFILL_GRAPHS, default 8; 0 turns prefill graphs off), and past that new
+keys are held (the option prefill_graphs, default 8; 0 turns prefill graphs off), and past that new
 shapes run eagerly. Nothing is captured while torch's profiler records (`engine attribute` profiles
 whole generates): a capture inside a CUPTI session is a combination torch has had hangs and crashes
 with (pytorch/pytorch#75504); replaying under the profiler is what the decode graphs already do. A replay's logits are copied out before they are returned, so a later replay
@@ -33,51 +33,15 @@ cannot overwrite a result the caller still holds.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-ENV = "REGATE_PREFILL_GRAPHS"
-DEFAULT_LIMIT = 8
-BUCKET_ENV = "REGATE_PREFILL_BUCKET"
-WARM_ENV = "REGATE_PREFILL_WARM"
 # The flat buffer's fields, in order; each is `size(B, T, W)` longs.
 FIELDS = (("ids", lambda b, t, w: t), ("positions", lambda b, t, w: t), ("slot_mapping", lambda b, t, w: t),
           ("state_slots", lambda b, t, w: b), ("last", lambda b, t, w: b), ("starts", lambda b, t, w: b + 1),
           ("token_seqs", lambda b, t, w: t), ("block_tables", lambda b, t, w: b * w))
-
-
-def _count(env: str, default: int, what: str) -> int:
-    """A count >= 0 from the environment variable `env`; a clear error naming it otherwise."""
-    raw = os.environ.get(env, str(default))
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{env}: expected {what} >= 0, found {raw!r}")
-    return n
-
-
-def graph_limit() -> int:
-    """REGATE_PREFILL_GRAPHS: how many prefill shapes may hold a graph (0: none)."""
-    return _count(ENV, DEFAULT_LIMIT, "a count of graphs")
-
-
-def bucket_tokens() -> int:
-    """REGATE_PREFILL_BUCKET: pad a prefill's tokens up to a multiple of this many (0: no padding)."""
-    return _count(BUCKET_ENV, 0, "a token count")
-
-
-def warm_lengths() -> list[int]:
-    """REGATE_PREFILL_WARM: the prompt lengths whose batch-1 buckets are captured up front (none by default)."""
-    raw = os.environ.get(WARM_ENV, "").strip()
-    parts = [p.strip() for p in raw.split(",")] if raw else []
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{WARM_ENV}: expected comma-separated prompt lengths > 0, found {raw!r}")
-    return [int(p) for p in parts]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def attribute_args(spec, cell, arm, model_dir: str) -> list[str]:
     short, long = spec.attribute.lengths
     return ["--model", model_dir, "--backend", arm.backend, "--lm-head", arm.lm_head, "--lengths", f"{short},{long}",
             "--batch", str(cell.batch), "--prompt-len", str(cell.prompt_len), "--iters", str(spec.attribute.iters),
-            *arm.extra_args, "--json"]
+            *arm.option_args(), *arm.extra_args, "--json"]
 
 
 def attribute_cell(spec, attribute, index: int, model_dir: str) -> dict:

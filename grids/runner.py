@@ -64,7 +64,7 @@ def bench_args(spec: GridSpec, cell: Cell, arm: Arm, model_dir: str) -> list[str
     return ["--model", model_dir, "--backend", arm.backend, "--lm-head", arm.lm_head,
             "--batch", str(cell.batch), "--prompt-len", str(cell.prompt_len),
             "--gen-len", str(cell.gen_len), "--iters", str(spec.iters),
-            "--warmup", str(spec.warmup), *arm.extra_args, "--json"]
+            "--warmup", str(spec.warmup), *arm.option_args(), *arm.extra_args, "--json"]
 
 
 def run_bench(bench: Run, args: list[str], timeout_s: float, where: str) -> dict:
@@ -86,7 +86,7 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
         raise GridError(f"{where}: bench JSON schema_version: expected {BENCH_SCHEMA_VERSION}, "
                         f"found {record.get('schema_version')!r}")
     if record.get("ablated"):
-        raise GridError(f"{where}: the bench ran an ablated engine (REGATE_ABLATE={record['ablated']}: "
+        raise GridError(f"{where}: the bench ran an ablated engine (option ablate={record['ablated']}: "
                         "engine/ablate.py), which computes wrong tokens for timing only; a grid never takes its number")
     params = record.get("params") or {}
     if params.get("backend") == "cuda" and params.get("lm_head") == "packed" and params.get("head_fp4_gemm") is not True:
@@ -97,6 +97,25 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise GridError(f"{where}: bench JSON decode_tok_s: expected a positive number, found {rate!r}")
     return record
+
+
+def check_options(record: dict, arm: Arm, where: str) -> None:
+    """Refuse a leg whose bench ran under other engine options than the arm's on top of the defaults
+    (engine/options.py): a leg's number is only the arm's if the engine ran as the arm says. A bench
+    without "options" (a revision from before them) is taken only for an arm that sets none; a key
+    this checkout does not know (a newer revision's option) is not judged."""
+    ran = record.get("options")
+    want = arm.engine_options().to_json()
+    if ran is None:
+        if arm.options:
+            raise GridError(f"{where}: the bench reported no options, the arm sets {dict(arm.options)}")
+        return
+    if not isinstance(ran, dict):
+        raise GridError(f"{where}: bench JSON options: expected an object, found {ran!r}")
+    for key in sorted(set(want) & set(ran) | {k for k, _ in arm.options}):
+        if ran.get(key) != want[key]:
+            raise GridError(f"{where}: the bench ran with option {key}={ran.get(key)!r}, the arm expects "
+                            f"{want[key]!r} (its options on top of the defaults)")
 
 
 def _tail(text: str | bytes | None) -> str:
@@ -203,6 +222,7 @@ def _run_leg(spec: GridSpec, runs: Mapping[str, Run], index: int, record: dict, 
         where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, leg {leg + 1}"
         started = time.perf_counter()
         got = run_bench(runs[arm.name], bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
+        check_options(got, arm, where)
         record["arms"][arm.name]["legs"].append(float(got["decode_tok_s"]))
         record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))
@@ -227,7 +247,7 @@ def _empty_result(spec: GridSpec, bench_command: Sequence[str], until_binding: b
 
 def _empty_cell(spec: GridSpec, cell: Cell, model_dir: str) -> dict:
     arms = {a.name: {"options": {"lm_head": a.lm_head, "backend": a.backend,
-                                 "extra_args": list(a.extra_args)},
+                                 "extra_args": list(a.extra_args), "engine": dict(a.options)},
                      "legs": [], "raw": [], "wall_s": []}
             for a in spec.arms}
     return {"cell": cell.as_dict(), "model_dir": model_dir, "arms": arms, "orders": [],

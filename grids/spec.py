@@ -16,6 +16,8 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
     arms:
       packed: {lm_head: packed}
       dequant: {lm_head: dequant, extra_args: []}
+      # an arm may set engine options (engine/options.py): each leg's bench gets --option KEY=VALUE
+      #   no_pdl: {lm_head: packed, options: {pdl: 0}}
     cells:
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
@@ -26,7 +28,8 @@ max_legs <= 200, warmup <= 100, iters <= 1000, batch <= 1024, prompt_len and gen
 attribute lengths) <= 131072, layers <= 1024, timeout_s finite, > 0 and <= 86400 (a day per bench
 process). An arm's extra_args may not set an option the runner itself sets (`RUNNER_OPTIONS`:
 --model, --backend, --lm-head, --batch, --prompt-len, --gen-len, --iters, --warmup, --lengths,
---json); the arm's own keys and the cell say those.
+--json); the arm's own keys and the cell say those, and engine options go in the arm's `options`
+(checked against engine/options.py when the spec loads; --option in extra_args is refused).
 
 A spec is named by a path relative to the repository root (`grids/smoke.yaml`); `repo_relative`
 maps an absolute path inside the repository to that form and refuses one outside it.
@@ -42,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from engine.options import EngineOptions
 from grids.verdict import MIN_CLAIM_LEGS, RULES
 
 LM_HEADS = ("packed", "dequant")
@@ -55,7 +59,7 @@ LIMITS = {"legs": 200, "warmup": 100, "iters": 1000, "batch": 1024, "prompt_len"
 # Options of `engine bench` / `engine attribute` that grids.runner and grids.attribution set themselves
 # (tests/test_grid_spec.py checks both argument lists against this set).
 RUNNER_OPTIONS = ("--model", "--backend", "--lm-head", "--batch", "--prompt-len", "--gen-len", "--iters",
-                  "--warmup", "--lengths", "--json")
+                  "--warmup", "--lengths", "--json", "--option")
 
 
 class SpecError(ValueError):
@@ -83,6 +87,14 @@ class Arm:
     lm_head: str
     backend: str
     extra_args: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()  # engine options (engine/options.py), sorted: (key, value)
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions.parse([f"{k}={v}" for k, v in self.options])
+
+    def option_args(self) -> list[str]:
+        """The arm's options as `engine bench` takes them."""
+        return [a for k, v in self.options for a in ("--option", f"{k}={v}")]
 
 
 @dataclass(frozen=True)
@@ -223,7 +235,7 @@ def _arms(where: _Where, data: Any, backend: str) -> tuple[Arm, Arm]:
     out = []
     for name, body in arms.items():
         key = f"arms.{name}"
-        body = where.mapping(body, key, {"lm_head", "backend", "extra_args"})
+        body = where.mapping(body, key, {"lm_head", "backend", "extra_args", "options"})
         extra = body.get("extra_args", [])
         if not isinstance(extra, list) or not all(isinstance(x, (str, int, float)) for x in extra):
             raise SpecError(f"{where.source}: {key}.extra_args: expected a list of strings, found {extra!r}")
@@ -234,8 +246,30 @@ def _arms(where: _Where, data: Any, backend: str) -> tuple[Arm, Arm]:
         out.append(Arm(name=str(name),
                        lm_head=where.choice(body.get("lm_head"), f"{key}.lm_head", LM_HEADS),
                        backend=where.choice(body.get("backend", backend), f"{key}.backend", BACKENDS),
-                       extra_args=tuple(str(x) for x in extra)))
+                       extra_args=tuple(str(x) for x in extra),
+                       options=_options(where, body.get("options", {}), f"{key}.options")))
     return out[0], out[1]
+
+
+def _options(where: _Where, data: Any, key: str) -> tuple[tuple[str, str], ...]:
+    """An arm's engine options, checked as `engine bench --option` would check them, as sorted
+    (key, value text) pairs."""
+    body = where.mapping(data, key, None)
+    pairs = tuple(sorted((str(k), _option_text(v)) for k, v in body.items()))
+    try:
+        EngineOptions.parse([f"{k}={v}" for k, v in pairs])
+    except ValueError as e:
+        raise SpecError(f"{where.source}: {key}: {e}") from None
+    return pairs
+
+
+def _option_text(value: Any) -> str:
+    """A YAML value as --option's text: booleans 1/0, lists comma-joined, None as none."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return "none" if value is None else str(value)
 
 
 def _cells(where: _Where, data: Any, defaults: dict) -> tuple[Cell, ...]:

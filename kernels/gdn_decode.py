@@ -16,13 +16,12 @@ inside FP32 are reordered, so results agree to FP32 reduction noise, not bit for
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels import pdl
+from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_round import round_to as _round
 
 
@@ -110,7 +109,8 @@ def _gated_norm_out(o, vv, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV
     tl.store(out_ptr + b * s_out + hv * DV + vv, _round(h * z * tl.sigmoid(z), dt).to(dt))
 
 
-def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor, *,
+              policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """qkv [B, C]; conv_cache [S, C, K-1] (shifted in place at `slots`); weight [C, K] -> [B, C]."""
     bsz, c = qkv.shape
     kern = weight.shape[1]
@@ -118,32 +118,28 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
     block = 1024
     conv_step_kernel[(bsz, triton.cdiv(c, block))](qkv, conv_cache, slots, weight, mixed, c, qkv.stride(0),
                                                    conv_cache.stride(0), mixed.stride(0), KERN=kern, BLOCK=block,
-                                                   **pdl.launch_options(qkv.device))
+                                                   **pdl.launch_options(qkv.device, policy))
     return mixed
 
 
 # Programs per value head (NV: the head's DV columns split NV ways) so that a decode step has
-# about TARGET_PROGRAMS of them: at batch 1 the 27b shape has 48 heads for 132 SMs, split 8 ways (the
+# about `policy.delta_target` of them: at batch 1 the 27b shape has 48 heads for 132 SMs, split 8 ways (the
 # most MIN_BV allows), each program streaming its part of a 64 KiB state slot in and out.
-# REGATE_DELTA_SPLIT=0: one program per head, always. REGATE_DELTA_TARGET (default 1024) moves the
-# target. At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
+# The option delta_split=0: one program per head, always; delta_target (default 1024) moves the
+# target (KernelPolicy). At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
 # the H200 where the old target, 256, left them whole in 8 warps, 42.3 us (floor ~23;
 # kernels/tune/delta_sweep.py, 2026-12-04), and the 64-layer step went 9.21 -> 8.74 ms over 3
 # interleaved legs (docs/lab/2026-12-04-tile-rows.md). Batch 1 is the same at either target.
-_TARGET = os.environ.get("REGATE_DELTA_TARGET", "1024")
-if not _TARGET.isdigit() or int(_TARGET) < 1:
-    raise ValueError(f"REGATE_DELTA_TARGET: expected a positive number of programs, found {_TARGET!r}")
-TARGET_PROGRAMS = int(_TARGET)
 MIN_BV = 16
 WARPS = (1, 2, 4, 8, 16)
 _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def programs_per_head(bsz: int, hv: int, dv: int) -> int:
-    if os.environ.get("REGATE_DELTA_SPLIT", "1") == "0":
+def programs_per_head(bsz: int, hv: int, dv: int, policy: KernelPolicy = DEFAULT) -> int:
+    if not policy.delta_split:
         return 1
     nv = 1
-    while bsz * hv * nv < TARGET_PROGRAMS and dv // (2 * nv) >= MIN_BV and dv % (2 * nv) == 0:
+    while bsz * hv * nv < policy.delta_target and dv // (2 * nv) >= MIN_BV and dv % (2 * nv) == 0:
         nv *= 2
     return nv
 
@@ -165,13 +161,13 @@ def _ticket_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *, num_k_heads: int,
                head_k_dim: int, head_v_dim: int, eps: float, nv: int | None = None,
-               num_warps: int | None = None) -> torch.Tensor:
+               num_warps: int | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
     in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype. `nv`, `num_warps`:
     programs per value head and warps per program, in place of the rule's (kernels/tune/delta_sweep.py)."""
     bsz, hv = b.shape
     out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
-    nv = nv or programs_per_head(bsz, hv, head_v_dim)
+    nv = nv or programs_per_head(bsz, hv, head_v_dim, policy)
     num_warps = num_warps or (8 if nv == 1 else 4)
     check_split(nv, num_warps, head_v_dim)
     counters = _ticket_counters(mixed.device, bsz * hv) if nv > 1 else out  # unused when no head is split
@@ -180,7 +176,7 @@ def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
         mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, o_buf, counters,
         num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
         rec_cache.stride(0), out.stride(0), REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv,
-        num_warps=num_warps, **pdl.launch_options(mixed.device))
+        num_warps=num_warps, **pdl.launch_options(mixed.device, policy))
     return out
 
 

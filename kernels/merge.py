@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.nvfp4 import Nvfp4Weight
+from kernels.policy import DEFAULT, KernelPolicy
 from kernels.tile_layout import OUT_SHIFT, TileOperand
 
 
@@ -69,9 +70,11 @@ def merge(ws: list[Nvfp4Weight]) -> MergedOperand | None:
     return MergedOperand(merged, row_scale, tuple(op.n for op in ops), tuple(w.name for w in ws))
 
 
-def matmul_merged(x: torch.Tensor, m: MergedOperand, ablate: str | None = None) -> torch.Tensor:
+def matmul_merged(x: torch.Tensor, m: MergedOperand, ablate: str | None = None,
+                  policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """x bf16 [M, K] -> bf16 [M, sum(sizes)]: the members' outputs side by side. `ablate`: tile_gemm's."""
     from kernels import tile_gemm
     from kernels.triton_gemm import sm_count
 
-    return tile_gemm.tile_gemm(x, m.op, 1.0, sms=sm_count(x.device), row_scale=m.row_scale, ablate=ablate)
+    return tile_gemm.tile_gemm(x, m.op, 1.0, sms=sm_count(x.device), row_scale=m.row_scale, ablate=ablate,
+                              policy=policy)

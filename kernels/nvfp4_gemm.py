@@ -8,7 +8,7 @@ Two kernels, one contract:
   [N, K/2], low nibble first; `block_scale` E4M3 [N, K/16]; `global_scale` FP32, ModelOpt
   convention: multiply): weights the tile layout cannot hold (K not a multiple of 256), the N % 16
   tail rows (which the tile operand carries in this layout), and every weight when the extension
-  cannot be built (REGATE_TILE_GEMM=0 forces this). Where `prepare` built a tile operand it releases
+  cannot be built (the option tile_gemm=0 forces this). Where `prepare` built a tile operand it releases
   the checkpoint layout (`Nvfp4Weight.release_checkpoint_layout`): the device keeps the packed bytes
   once, and `Nvfp4Weight.checkpoint_layout()` rebuilds them from the operand on demand.
 
@@ -26,12 +26,12 @@ says why not.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from engine.nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
 from kernels import table
+from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_gemm import check_weight, nvfp4_gemm, permute_x_for_mma, sm_count
 
 SM90 = (9, 0)
@@ -62,8 +62,6 @@ def tile_available() -> tuple[bool, str]:
     ok, why = available()
     if not ok:
         return ok, why
-    if os.environ.get("REGATE_TILE_GEMM", "1") == "0":
-        return False, "REGATE_TILE_GEMM=0"
     from kernels import tile_gemm
 
     try:
@@ -73,78 +71,80 @@ def tile_available() -> tuple[bool, str]:
     return True, "sm_90"
 
 
-def prepare(w: Nvfp4Weight) -> None:
-    """Once at load: check the operand, repack it for the tile GEMM where it can, warm the kernels."""
+def prepare(w: Nvfp4Weight, policy: KernelPolicy = DEFAULT) -> None:
+    """Once at load: check the operand, repack it for the tile GEMM where it can (and `policy.tile_gemm`
+    allows), warm the kernels."""
     check_weight(w.packed, w.block_scale, w.name)
     from kernels import tile_layout
 
     op = None
-    if tile_available()[0] and tile_layout.supported(w.out_features, w.in_features) is None:
+    if policy.tile_gemm and tile_available()[0] and tile_layout.supported(w.out_features, w.in_features) is None:
         op = tile_layout.repack(w.packed, w.block_scale, w.name)
     w.kernel_operand, w.kernel_operand_bytes = op, (op.nbytes if op is not None else 0)
     _warm(w.out_features, w.in_features, w.packed.device)
     if op is not None:
-        _warm_tile(op)
+        _warm_tile(op, policy=policy)
         w.release_checkpoint_layout()  # the operand holds the same bytes: keep them once
 
 
-def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None) -> torch.Tensor:
+def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N]). `ablate`: timing only (tile_gemm's)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     from kernels import tile_gemm
 
     if w.kernel_operand is not None:  # every M; the checkpoint layout is released
-        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate)
+        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate,
+                                policy=policy)
     elif ablate is not None:  # the checkpoint layout's bytes, as tile_gemm's ablation reads an operand's
-        y = _ablated_triton(x2, w, ablate)
+        y = _ablated_triton(x2, w, ablate, policy)
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
 
 
-def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str) -> torch.Tensor:
+def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str, policy: KernelPolicy) -> torch.Tensor:
     from kernels.tile_gemm import ablated_launch
 
-    ablated_launch(mode, w.packed, w.block_scale, w.name)
+    ablated_launch(mode, w.packed, w.block_scale, w.name, policy=policy)
     return torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16, device=x.device)
 
 
-def matmul_split(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None):
+def matmul_split(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None, policy: KernelPolicy = DEFAULT):
     """x bf16 [M, K] -> bf16 [M, N], or, where the tile GEMM splits K, its unsummed partials
     (kernels.tile_gemm.SplitSum) for a consumer that sums them as it reads them (add_rms_norm)."""
     from kernels import tile_gemm
 
     if w.kernel_operand is None or x.dim() != 2:
-        return matmul(x, w, ablate)
+        return matmul(x, w, ablate, policy)
     return tile_gemm.tile_gemm(x, w.kernel_operand, w.global_scale, sms=sm_count(x.device), defer_sum=True,
-                               ablate=ablate)
+                               ablate=ablate, policy=policy)
 
 
-def merge(ws: list[Nvfp4Weight]):
+def merge(ws: list[Nvfp4Weight], policy: KernelPolicy = DEFAULT):
     """Weights of one input (each prepared) as one operand for `matmul_merged`, or None when they
     cannot share one (kernels/merge.py says when)."""
     from kernels import merge as merging
 
     m = merging.merge(ws)
     if m is not None:
-        _warm_tile(m.op, m.row_scale)
+        _warm_tile(m.op, m.row_scale, policy)
     return m
 
 
-def matmul_merged(x: torch.Tensor, m, ablate: str | None = None) -> torch.Tensor:
+def matmul_merged(x: torch.Tensor, m, ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """x bf16 [M, K] -> bf16 [M, sum of the members' N], the members' outputs side by side."""
     from kernels import merge as merging
 
-    return merging.matmul_merged(x, m, ablate)
+    return merging.matmul_merged(x, m, ablate, policy)
 
 
-def _warm_tile(op, row_scale=None) -> None:
+def _warm_tile(op, row_scale=None, policy: KernelPolicy = DEFAULT) -> None:
     """One call per table row and, where some M takes it, the dequant path's kernel compiled, so nothing
     loads or allocates lazily during a CUDA-graph capture."""
     from kernels import tile_gemm
 
-    if table.dequant_from(1 << 30, op.n, op.k):  # the dequant path's Triton kernel, on one row tile
+    if table.dequant_from(1 << 30, op.n, op.k, policy):  # the dequant path's Triton kernel, on one row tile
         from kernels.tile_dequant import dequantize_tile
         from kernels.tile_layout import TileOperand
 
@@ -153,7 +153,7 @@ def _warm_tile(op, row_scale=None) -> None:
     for max_m, _ in table.TILE:
         m = min(max_m, 256)
         tile_gemm.tile_gemm(torch.zeros(m, op.k, dtype=torch.bfloat16, device=op.words.device), op, 1.0,
-                            sms=sm_count(op.words.device), row_scale=row_scale)
+                            sms=sm_count(op.words.device), row_scale=row_scale, policy=policy)
 
 
 @functools.lru_cache(maxsize=None)

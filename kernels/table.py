@@ -8,10 +8,10 @@ deterministic and every call is CUDA-graph safe. No Triton here.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
+from kernels.policy import DEFAULT, KernelPolicy
 from kernels.tile_layout import ROW_TILE
 
 Algo = Literal["gemv", "mma"]
@@ -120,7 +120,7 @@ TILE: tuple[tuple[int, Config], ...] = (
     (128, WgmmaConfig(128, 1, 1)),  # M=128: 0.583 ms
     (1 << 62, WgmmaConfig(256, 2, 1)),  # M=256: 1.037 ms; larger M: blocks of 256
 )
-# Rows that go ahead of TILE for one (N, K) of the 27b decode step (`REGATE_TILE_BY_SHAPE=0` turns them
+# Rows that go ahead of TILE for one (N, K) of the 27b decode step (the option tile_by_shape=0 turns them
 # off for an A/B). On the H200 (64 layers, packed arm, 3 interleaved legs each) they took the step from
 # 6.957 to 6.458 ms at batch 1 and from 9.630 to 9.215 at batch 16 (docs/lab/2026-12-04-tile-rows.md). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
 # gdn_in_proj SWEEP_MS=1,16 bash scripts/device_kernels.sh tilesweep`, 2026-12-04 19:2x UTC (weights
@@ -139,15 +139,12 @@ TILE_BY_SHAPE: dict[tuple[int, int], tuple[tuple[int, Config], ...]] = {
     (5120, 24 * 256): ((8, TileConfig(1, 1, 4)),  # o_proj and GDN out_proj: TILE's row at M <= 8;
                        (16, WgmmaConfig(16, 2, 1))),  # M=16 0.0110 ms (TILE 0.0132)
 }
-BY_SHAPE = os.environ.get("REGATE_TILE_BY_SHAPE", "1")
-if BY_SHAPE not in ("0", "1"):
-    raise ValueError(f"REGATE_TILE_BY_SHAPE: expected 0 or 1, found {BY_SHAPE!r}")
 
 
-def tile_config(m: int, n: int, k: int) -> Config:
+def tile_config(m: int, n: int, k: int, policy: KernelPolicy = DEFAULT) -> Config:
     """The CUDA tile GEMM's config for M rows of x against an (N, K) operand: TILE_BY_SHAPE's row for
-    (N, K) where the switch is on and one serves M, else TILE's."""
-    for max_m, cfg in (TILE_BY_SHAPE.get((n, k), ()) if BY_SHAPE == "1" else ()):
+    (N, K) where `policy.tile_by_shape` and one serves M, else TILE's."""
+    for max_m, cfg in (TILE_BY_SHAPE.get((n, k), ()) if policy.tile_by_shape else ()):
         if m <= max_m:
             return cfg
     return config_for(m, TILE)
@@ -158,19 +155,15 @@ def tile_config(m: int, n: int, k: int) -> Config:
 # than (the tower shapes at M=256 ran at 0.65-0.82x cuBLAS alone; the copy writes 2 bytes a weight that
 # cuBLAS reads back). Per (N, K): the smallest M of `python -m kernels.tune.dequant_sweep` from which the
 # copy and cuBLAS win at every M measured (its JSON's `dequant_by_shape`). Empty: not measured on the H200 yet,
-# so every M stays on the tile kernels. REGATE_DEQUANT_MIN_M=M sets one M for every shape (an A/B);
-# 0 turns the rows off.
+# so every M stays on the tile kernels. The option dequant_min_m=M sets one M for every
+# shape (an A/B); 0 turns the rows off (KernelPolicy).
 DEQUANT_BY_SHAPE: dict[tuple[int, int], int] = {}
-_DEQUANT_ENV = os.environ.get("REGATE_DEQUANT_MIN_M", "")
-if _DEQUANT_ENV and not _DEQUANT_ENV.isdigit():
-    raise ValueError(f"REGATE_DEQUANT_MIN_M: expected an M (0: off), found {_DEQUANT_ENV!r}")
-DEQUANT_MIN_M = int(_DEQUANT_ENV) if _DEQUANT_ENV else None
 
 
-def dequant_from(m: int, n: int, k: int) -> bool:
+def dequant_from(m: int, n: int, k: int, policy: KernelPolicy = DEFAULT) -> bool:
     """Whether an [M, K] x [N, K] tile GEMM runs as dequantize + cuBLAS (see DEQUANT_BY_SHAPE)."""
-    if DEQUANT_MIN_M is not None:
-        return 0 < DEQUANT_MIN_M <= m
+    if policy.dequant_min_m is not None:
+        return 0 < policy.dequant_min_m <= m
     at = DEQUANT_BY_SHAPE.get((n, k))
     return at is not None and m >= at
 

@@ -15,13 +15,13 @@ allocator and launches on the current stream, so it records into CUDA graphs.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernels import table
+from kernels.policy import DEFAULT, KernelPolicy
 from kernels.table import Config, WgmmaConfig
 from kernels.tile_layout import K_GROUP, OUT_SHIFT, TileOperand
 from kernels.triton_gemm import nvfp4_gemm
@@ -33,7 +33,7 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 
 
 SPLIT_MAX = 32
-# How far K is split: until the CTAs fill the SMs SPLIT_WAVES times over, ceil(groups / wanted
+# How far K is split (KernelPolicy.split_waves, default 2): until the CTAs fill the SMs that many times over, ceil(groups / wanted
 # splits) groups per split, the last split shorter, so a K of 68 groups (down_proj) is not stuck at
 # 4 splits. On the H200 (kernels/tune/split_sweep.py, 27B decode shapes, weights past L2): at M=16 a
 # GDN layer's four GEMMs 112.6 -> 100.1 us against splits that divide the groups exactly (down_proj
@@ -43,33 +43,28 @@ SPLIT_MAX = 32
 # reduce kernel, or by the consumer (SplitSum); switches measured slower and removed (the even
 # splits, the sum in the GEMM's last CTA, an L2 prefetch before the PDL wait, a shared-memory ring):
 # docs/lab/2026-12-07-deleted-switches.md.
-SPLIT_WAVES = int(os.environ.get("REGATE_SPLIT_WAVES", "2"))
-# K groups (0-2) of its weights each warp of the mma.sync kernel loads into registers before it waits
+# KernelPolicy.gemm_early_weights: K groups (0-2) of its weights each warp of the mma.sync kernel loads into registers before it waits
 # on the kernel before it (csrc/nvfp4_tile_gemm.cu): the weight stream of a decode GEMM starts while
 # the small kernels before it run, instead of after them. Only inside a CUDA graph capture: a graph
 # is captured after the weights are loaded and no kernel in it writes them, while an eager call may
 # directly follow the load-time kernel that wrote them (a read before the wait could see old bytes).
-# REGATE_GEMM_EARLY_WEIGHTS=N sets N (0: off).
-EARLY_GROUPS = int(os.environ.get("REGATE_GEMM_EARLY_WEIGHTS", "1"))
-# In the K loop of the mma.sync kernel at M <= 8 (m_tiles 1, x via L1), each warp keeps the K groups up
+# Default 1; 0: off.
+# KernelPolicy.gemm_prefetch_ahead: in the K loop of the mma.sync kernel at M <= 8 (m_tiles 1, x via L1), each warp keeps the K groups up
 # to N past the one it computes requested into L2 (csrc/nvfp4_tile_gemm.cu PFA, its own instantiation):
 # the registers hold only two groups in flight, so a load may wait on DRAM's latency every group; with
 # the later groups in L2 it waits on L2's. The tile GEMM at M=1 runs 1.35-1.69x a plain read of its
 # weights, from L2 too (docs/lab/2026-12-05-device.md). A prefetch never changes a value, so it is
-# safe eagerly as in a graph. REGATE_GEMM_PREFETCH_AHEAD=N (2..16; 0, the default: off until an A/B).
-PREFETCH_AHEAD = int(os.environ.get("REGATE_GEMM_PREFETCH_AHEAD", "0"))
-if PREFETCH_AHEAD != 0 and not 2 <= PREFETCH_AHEAD <= 16:
-    raise ValueError(f"REGATE_GEMM_PREFETCH_AHEAD: expected 0 (off) or 2..16 K groups, found {PREFETCH_AHEAD}")
+# safe eagerly as in a graph. N: 2..16; 0, the default: off until an A/B.
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
 
-def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int) -> int:
-    """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs SPLIT_WAVES
-    times over (see SPLIT_WAVES); the launch has ceil(groups / this) splits."""
+def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int, waves: int = DEFAULT.split_waves) -> int:
+    """K groups (256 wide) per split: split K only when the CTAs cannot fill the SMs `waves` times
+    over (KernelPolicy.split_waves); the launch has ceil(groups / this) splits."""
     ctas = -(-n_main // cfg.cta_rows) * -(-m // cfg.cta_m)
     groups = k // K_GROUP
-    want = min(SPLIT_MAX, -(-SPLIT_WAVES * sms // ctas), groups)
+    want = min(SPLIT_MAX, -(-waves * sms // ctas), groups)
     return -(-groups // want)
 
 
@@ -103,10 +98,11 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
 
 
-def early_groups() -> int:
-    """The mma.sync kernel's early weight groups for this call: EARLY_GROUPS while a CUDA graph is
-    being captured on the current stream, else 0 (see EARLY_GROUPS)."""
-    return EARLY_GROUPS if EARLY_GROUPS > 0 and torch.cuda.is_current_stream_capturing() else 0
+def early_groups(policy: KernelPolicy = DEFAULT) -> int:
+    """The mma.sync kernel's early weight groups for this call: policy.gemm_early_weights while a CUDA
+    graph is being captured on the current stream, else 0 (see its comment above)."""
+    early = policy.gemm_early_weights
+    return early if early > 0 and torch.cuda.is_current_stream_capturing() else 0
 
 
 @dataclass(frozen=True)
@@ -135,7 +131,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
               row_scale: torch.Tensor | None = None, defer_sum: bool = False,
-              ablate: str | None = None) -> torch.Tensor | SplitSum:
+              ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor | SplitSum:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
     times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
@@ -144,7 +140,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
     `ablate` (engine/ablate.py, timing only): "free" launches nothing, "empty" one kernel that does
     nothing, "read" only a plain read of the operand's bytes (kernels/plain_read.py); the output (y or
-    the SplitSum) is allocated as for the GEMM and left unwritten."""
+    the SplitSum) is allocated as for the GEMM and left unwritten. `policy`: the engine's kernel options."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -153,29 +149,29 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     if row_scale is not None and op.n > op.n_main:
         raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
-    if config is None and table.dequant_from(m, op.n, k):  # prefill-sized M: dequantize + cuBLAS
+    if config is None and table.dequant_from(m, op.n, k, policy):  # prefill-sized M: dequantize + cuBLAS
         if ablate is not None:
-            return _ablated(op, ablate, y)
+            return _ablated(op, ablate, y, policy=policy)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
         dequant_gemm(x, op, global_scale, row_scale, y)
         return _tail(x, op, global_scale, y)
-    cfg = config or table.tile_config(m, op.n, k)
-    gps = groups_per_split(m, op.n_main, k, cfg, sms)
+    cfg = config or table.tile_config(m, op.n, k, policy)
+    gps = groups_per_split(m, op.n_main, k, cfg, sms, policy.split_waves)
     splits = -(-(k // K_GROUP) // gps)
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
     if ablate is not None:  # a split launch not left to its consumer is two launches: the GEMM, its reduce
         launches = 2 if splits > 1 and not defer else 1
-        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches)
+        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches, policy)
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps, row_scale, defer)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, defer,
-                                  early_groups(), PREFETCH_AHEAD)
+                                  early_groups(policy), policy.gemm_prefetch_ahead)
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
@@ -184,25 +180,26 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
 ABLATE_MODES = ("free", "empty", "read")
 
 
-def _ablated(op: TileOperand, mode: str, result, launches: int = 1):
+def _ablated(op: TileOperand, mode: str, result, launches: int = 1, policy: KernelPolicy = DEFAULT):
     """`result` as the GEMM would return it, unwritten: after no launch ("free"), a launch that does
     nothing in each of its `launches` places ("empty"), or one plain read of the operand's words and
     scale codes ("read"; its N % 16 tail rows, which no decode shape of the 27B has, are not read)."""
-    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches)
+    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches, policy)
     return result
 
 
-def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1) -> None:
+def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1,
+                   policy: KernelPolicy = DEFAULT) -> None:
     """What an ablated GEMM launches in its place (engine/ablate.py's modes) over its operand's bytes."""
     if mode not in ABLATE_MODES:
         raise ValueError(f"{what}: ablate={mode!r}, expected one of {ABLATE_MODES}")
     from kernels import plain_read  # Triton: imported where it is used
 
     if mode == "read":
-        plain_read.read_pair(words, codes)
+        plain_read.read_pair(words, codes, policy)
     elif mode == "empty":
         for _ in range(launches):
-            plain_read.empty_launch(words.device)
+            plain_read.empty_launch(words.device, policy)
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

@@ -33,21 +33,21 @@
 #            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
 #   fused    the fused decode kernels against their reference twins on the GPU (tests/test_fused_decode.py),
 #            then `engine bench` of the packed arm on the 27b shape cut to $FUSED_LAYERS (default 8) layers,
-#            batch 1 and 16, REGATE_FUSED_DECODE=0 and =1 side by side, interleaved
+#            batch 1 and 16, --option fused_decode=0 and =1 side by side, interleaved
 #   merge    the merged projections against their twins on the GPU (tests/test_projections_cuda.py,
 #            test_kernels_cuda.py, test_fused_decode.py), then `engine bench` of the packed arm on the 27b shape
 #            cut to $MERGE_LAYERS (default 16) layers, batch 1 and 16, the variants of $MERGE_VARIANTS
-#            (REGATE_MERGE_PROJECTIONS values, default "0 1") interleaved
-#   ab       A/B of environment switches: $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
+#            (--option merge_projections values, default "0 1") interleaved
+#   ab       A/B of engine options (engine/options.py): $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
 #            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
 #            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
-#            comma-separated VAR=value, e.g. "REGATE_PDL=1 REGATE_PDL=0") in turn, interleaved, $AB_LEGS times
+#            comma-separated KEY=value options, each passed as --option, e.g. "pdl=1 pdl=0") in turn, interleaved, $AB_LEGS times
 #            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests;
 #            the bench lines go to $OUT/$AB_JSONL (default ab-benches.jsonl);
 #            then scripts/ab_verdict.py judges each variant against the first with the grid's verdict statistics
 #   ablate   `ab` of the engine with parts removed (engine/ablate.py; timing only): the ablation's GPU tests
-#            ($ABLATE_TESTS; none skips them), then the real engine (REGATE_ABLATE empty) and one variant
-#            REGATE_ABLATE=<item> per item of $ABLATE (default "norm norm:empty tower tower:empty tower:read
+#            ($ABLATE_TESTS; none skips them), then the real engine (ablate= empty) and one variant
+#            ablate=<item> (--option ablate=<item>) per item of $ABLATE (default "norm norm:empty tower tower:empty tower:read
 #            tower:read+lm_head:read delta_rule attention": the step without that part, with an empty launch
 #            in each of its launches' places (:empty) or, for a GEMM part's :read, a plain read of its bytes);
 #            $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab; then scripts/ablation_table.py: what each item
@@ -269,7 +269,7 @@ stage_fused() {
   local L=${FUSED_LAYERS:-8} B F ck
   ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
   for B in ${FUSED_BATCHES:-1 16}; do for F in 0 1; do
-    REGATE_FUSED_DECODE=$F PYTHONPATH=$PWD $PY -m engine.cli bench --model "$ck" --backend cuda --lm-head packed \
+    PYTHONPATH=$PWD $PY -m engine.cli bench --model "$ck" --backend cuda --lm-head packed --option fused_decode=$F \
       --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-f$F.json"
     $PY -c "
 import json; r = json.load(open('$OUT/bench-${L}L-b$B-f$F.json')); p = r['params']
@@ -284,7 +284,7 @@ stage_merge() {
   local L=${MERGE_LAYERS:-16} B V ck
   ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
   for B in ${MERGE_BATCHES:-1 16}; do for V in ${MERGE_VARIANTS:-0 1}; do
-    REGATE_MERGE_PROJECTIONS=$V PYTHONPATH=$PWD timeout 120 $PY -m engine.cli bench \
+    PYTHONPATH=$PWD timeout 120 $PY -m engine.cli bench --option merge_projections=$V \
       --model "$ck" --backend cuda --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json \
       2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-v$V.json"
     $PY -c "
@@ -301,10 +301,10 @@ stage_ab() {
     ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
   local L=${AB_LAYERS:-64} B V ck tag leg f
   ck=$(ckpt_27b "$L")
-  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-REGATE_PDL=1 REGATE_PDL=0}; do
+  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-pdl=1 pdl=0}; do
     tag=$(echo "$V" | tr ',=' '_-'); f="/tmp/ab-bench-${L}L-b$B-$tag-leg$leg"
-    env $(echo "$V" | tr ',' ' ') PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
-      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 ${AB_BENCH_ARGS:-} --json 2>"$f.err" \
+    PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
+      $(echo "$V" | tr ',' '\n' | sed 's/^/--option /') --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 ${AB_BENCH_ARGS:-} --json 2>"$f.err" \
       | tail -1 > "$f.json"
     $PY -c "
 import json; r = json.load(open('$f.json')); p = r['params']
@@ -318,8 +318,8 @@ print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 
 }
 
 stage_ablate() {
-  local v="REGATE_ABLATE=" item
-  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do v="$v REGATE_ABLATE=$item"; done
+  local v="ablate=" item
+  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do v="$v ablate=$item"; done
   AB_JSONL=ablation-benches.jsonl AB_TESTS="${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py}" \
     AB_VARIANTS="$v" stage_ab
   [ -s "$OUT/ablation-benches.jsonl" ] && $PY scripts/ablation_table.py "$OUT/ablation-benches.jsonl" | tee "$OUT/ablation.txt" \

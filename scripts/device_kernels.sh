@@ -19,7 +19,7 @@
 #          DEQUANT_MS, default "128,256,512,1024,2048,4096"): the crossovers for kernels/table.py DEQUANT_BY_SHAPE
 #   readfloor  what a plain read of each 27B GEMM's bytes costs (kernels/tune/read_floor.py), beside the tile GEMM
 #          at M=1 on the same bytes: is the GEMM's ~5 us over bytes / bandwidth its own, or any read's?
-#          READ_AHEAD=0,4,8: the GEMM also at each REGATE_GEMM_PREFETCH_AHEAD (groups prefetched into L2 ahead)
+#          READ_AHEAD=0,4,8: the GEMM also at each gemm_prefetch_ahead option (groups prefetched into L2 ahead)
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)

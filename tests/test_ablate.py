@@ -1,4 +1,4 @@
-"""engine/ablate.py: REGATE_ABLATE's parsing, what each ablation replaces, and every place that must
+"""engine/ablate.py: the option ablate's parsing, what each ablation replaces, and every place that must
 refuse an ablated engine (wrong tokens: timing only). The CUDA half is tests/test_ablate_cuda.py."""
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from engine import ablate
+from engine.options import EngineOptions
+from kernels.policy import KernelPolicy
 from engine.backends import Fp4Gemm, register_fp4_gemm, unregister_fp4_gemm
 from engine.errors import AblationError
 from engine_oracle import tiny
@@ -36,10 +38,10 @@ def test_parse_reads_parts_and_modes_in_order(text, want):
     ("tower:fast", r"'tower' has no mode 'fast'.*expected free, empty, read$"),
     ("tower+tower:read", r"'tower' named twice"),
 ])
-def test_parse_refuses_what_it_does_not_know_naming_the_variable(text, match):
+def test_parse_refuses_what_it_does_not_know_naming_the_option(text, match):
     with pytest.raises(AblationError, match=match) as e:
         ablate.parse(text)
-    assert str(e.value).startswith("REGATE_ABLATE: ")
+    assert str(e.value).startswith("option ablate: ")
 
 
 def _recording_kernels(calls: list) -> SimpleNamespace:
@@ -47,7 +49,7 @@ def _recording_kernels(calls: list) -> SimpleNamespace:
         return lambda *a, **kw: calls.append(name) or name
     names = ("rms_norm", "add_rms_norm", "conv_step", "delta_step", "attention_prep",
              "paged_decode_gated", "silu_mul", "delta_prefill")
-    return SimpleNamespace(prefill=True, **{n: fn(n) for n in names})
+    return SimpleNamespace(prefill=True, policy=KernelPolicy(), **{n: fn(n) for n in names})
 
 
 def test_the_fused_kernels_of_an_ablated_part_launch_nothing_and_return_their_shapes():
@@ -75,14 +77,14 @@ def test_the_empty_mode_launches_one_empty_kernel_in_each_ones_place(monkeypatch
     from kernels import plain_read
 
     launched: list = []
-    monkeypatch.setattr(plain_read, "empty_launch", launched.append)
+    monkeypatch.setattr(plain_read, "empty_launch", lambda device, policy: launched.append((device, policy)))
     calls: list = []
     out = ablate.fused(_recording_kernels(calls), ablate.parse("norm:empty+attention"))
     h = torch.randn(2, 8)
     assert out.rms_norm(h, None, 1e-6) is h and out.add_rms_norm(h, None, None, 1e-6) == (h, h)
     q = torch.randn(1, 2, 4)
     assert out.attention_prep(q) is q  # attention: free, no launch
-    assert launched == [h.device, h.device] and calls == []
+    assert launched == [(h.device, KernelPolicy())] * 2 and calls == []  # PDL as the engine's policy says
 
 
 def test_only_the_named_parts_are_replaced():
@@ -105,7 +107,7 @@ def test_a_gemm_part_passes_its_mode_to_every_launch_and_keeps_prepare_and_merge
     assert t.prepare is g.prepare and t.merge is g.merge
     t.matmul(0, 0), t.matmul_merged(0, 0), t.matmul_split(0, 0)
     assert seen == [("mm", "read"), ("merged", "read"), ("split", "read")]
-    with pytest.raises(AblationError, match=r"REGATE_ABLATE=tower:read: tower can be ablated only where it runs "
+    with pytest.raises(AblationError, match=r"option ablate=tower:read: tower can be ablated only where it runs "
                                             r"on the fp4 GEMM; this backend has none"):
         ablate.gemm(None, abl, "tower")
 
@@ -138,24 +140,21 @@ def cpu_gemm():
 def test_an_engine_refuses_to_start_ablated_unless_it_was_asked_for_one(monkeypatch, cpu_gemm):
     from engine.engine import Engine
 
-    monkeypatch.setenv("REGATE_ABLATE", "tower")
-    with pytest.raises(AblationError, match=r"REGATE_ABLATE=tower: an ablated engine computes wrong tokens; only "
+    with pytest.raises(AblationError, match=r"option ablate=tower: an ablated engine computes wrong tokens; only "
                                             r"`engine bench` and `engine attribute` build one"):
-        Engine(tiny(), backend="cpu", lm_head="packed")
-    monkeypatch.setenv("REGATE_ABLATE", "bogus")
+        Engine(tiny(), backend="cpu", lm_head="packed", options=EngineOptions(ablate="tower"))
     with pytest.raises(AblationError, match="unknown part 'bogus'"):
-        Engine(tiny(), backend="cpu", lm_head="packed")
-    monkeypatch.setenv("REGATE_ABLATE", "")
+        EngineOptions(ablate="bogus")
+    monkeypatch.setenv("REGATE_ABLATE", "tower")  # the old variable does nothing now: the engine is real
     assert Engine(tiny(), backend="cpu", lm_head="packed").ablation == {}
 
 
 @pytest.mark.parametrize("text, tower, head", [("tower:read", "read", None), ("lm_head", None, "free"),
                                                ("tower+lm_head:read", "free", "read")])
-def test_the_ablated_gemms_get_their_mode_and_the_others_none(monkeypatch, cpu_gemm, text, tower, head):
+def test_the_ablated_gemms_get_their_mode_and_the_others_none(cpu_gemm, text, tower, head):
     from engine.engine import Engine
 
-    monkeypatch.setenv("REGATE_ABLATE", text)
-    eng = Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True)
+    eng = Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True, options=EngineOptions(ablate=text))
     out = eng.generate([[3, 1, 4, 1, 5]], 3)
     assert len(out[0]) == 3  # it runs to the end; its tokens mean nothing
     modes = {name: mode for name, mode in cpu_gemm.calls}
@@ -163,33 +162,28 @@ def test_the_ablated_gemms_get_their_mode_and_the_others_none(monkeypatch, cpu_g
     assert modes and set(modes.values()) == {tower}, modes
 
 
-def test_what_the_backend_does_not_run_as_a_kernel_cannot_be_ablated(monkeypatch, cpu_gemm):
+def test_what_the_backend_does_not_run_as_a_kernel_cannot_be_ablated(cpu_gemm):
     from engine.engine import Engine
 
-    monkeypatch.setenv("REGATE_ABLATE", "norm")
     with pytest.raises(AblationError, match="norm can be ablated only on the fused decode kernels"):
-        Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True)
-    monkeypatch.setenv("REGATE_ABLATE", "lm_head")
+        Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True, options=EngineOptions(ablate="norm"))
     with pytest.raises(AblationError, match="the dequant arm's head does not run on the fp4 GEMM here"):
-        Engine(tiny(), backend="cpu", lm_head="dequant", allow_ablation=True)
+        Engine(tiny(), backend="cpu", lm_head="dequant", allow_ablation=True, options=EngineOptions(ablate="lm_head"))
     unregister_fp4_gemm("cpu")
-    monkeypatch.setenv("REGATE_ABLATE", "tower")
     with pytest.raises(AblationError, match="tower can be ablated only where it runs on the fp4 GEMM"):
-        Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True)
+        Engine(tiny(), backend="cpu", lm_head="packed", allow_ablation=True, options=EngineOptions(ablate="tower"))
 
 
-def test_a_bench_of_an_ablated_engine_says_so_and_a_grid_refuses_its_number(monkeypatch, cpu_gemm, capsys):
+def test_a_bench_of_an_ablated_engine_says_so_and_a_grid_refuses_its_number(cpu_gemm, capsys):
     from engine.commands.bench import print_table, run_bench
     from grids.runner import GridError, parse_bench
 
-    monkeypatch.setenv("REGATE_ABLATE", "tower:read")
-    r = run_bench(tiny(), "cpu", "packed", 1, 4, 3, 1, 0, 0)
-    assert r["ablated"] == "tower:read" and r["meta"]["switches"]["REGATE_ABLATE"] == "tower:read"
+    r = run_bench(tiny(), "cpu", "packed", 1, 4, 3, 1, 0, 0, options=EngineOptions(ablate="tower:read"))
+    assert r["ablated"] == "tower:read" and r["options"]["ablate"] == "tower:read"
     print_table(r, None)
-    assert "ABLATED (REGATE_ABLATE=tower:read): timing only, the tokens are wrong" in capsys.readouterr().out
-    with pytest.raises(GridError, match=r"cell x: the bench ran an ablated engine \(REGATE_ABLATE=tower:read"):
+    assert "ABLATED (option ablate=tower:read): timing only, the tokens are wrong" in capsys.readouterr().out
+    with pytest.raises(GridError, match=r"cell x: the bench ran an ablated engine \(option ablate=tower:read"):
         parse_bench(json.dumps(r), "cell x")
-    monkeypatch.setenv("REGATE_ABLATE", "")
     real = run_bench(tiny(), "cpu", "packed", 1, 4, 3, 1, 0, 0)
     assert real["ablated"] is None
     parse_bench(json.dumps(real), "cell x")  # the real engine's record is taken

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.options import EngineOptions
 from engine_oracle import tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -16,9 +17,8 @@ KERNELS = {"norm": ("add_rms_norm",), "delta_rule": ("delta_step", "conv_step"),
 
 
 def _engine(monkeypatch, text: str, graphs: bool | None = None) -> Engine:
-    monkeypatch.setenv("REGATE_ABLATE", text)
     return Engine(tiny(), backend="cuda", lm_head="packed", max_num_seqs=2, max_model_len=64, cuda_graphs=graphs,
-                  allow_ablation=True)
+                  allow_ablation=True, options=EngineOptions(ablate=text))
 
 
 @pytest.mark.parametrize("text", ["norm", "norm:empty", "delta_rule", "attention:empty", "tower", "tower:empty",

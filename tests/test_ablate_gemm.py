@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernels import merge, nvfp4_gemm, plain_read, tile_gemm
+from kernels.policy import KernelPolicy
 from kernels.tile_layout import repack
 from engine.nvfp4 import Nvfp4Weight, quantize
 
@@ -26,8 +27,8 @@ def reads(monkeypatch):
         raise AssertionError("an ablated GEMM launched its kernel")
     got: list[tuple[int, int]] = []
     monkeypatch.setattr(tile_gemm, "extension", no_extension)
-    monkeypatch.setattr(plain_read, "read_pair", lambda a, b: got.append((a.data_ptr(), b.data_ptr())))
-    monkeypatch.setattr(plain_read, "empty_launch", lambda device: got.append(("empty", device.type)))
+    monkeypatch.setattr(plain_read, "read_pair", lambda a, b, policy: got.append((a.data_ptr(), b.data_ptr())))
+    monkeypatch.setattr(plain_read, "empty_launch", lambda device, policy: got.append(("empty", device.type)))
     return got
 
 
@@ -83,10 +84,10 @@ def test_an_empty_split_launch_summed_by_its_reduce_kernel_is_two_empty_launches
     assert y.shape == (1, 256) and reads == [("empty", "cpu")] * 2
 
 
-def test_prefill_sized_m_is_ablated_too(reads, monkeypatch):
-    monkeypatch.setattr(tile_gemm.table, "DEQUANT_MIN_M", 64)  # every shape's dequantize + cuBLAS from M=64
+def test_prefill_sized_m_is_ablated_too(reads):
+    policy = KernelPolicy(dequant_min_m=64)  # every shape's dequantize + cuBLAS from M=64
     w = _weight("layers.0.mlp.up_proj", 256, 512, 3)
-    y = nvfp4_gemm.matmul(torch.randn(64, 512).to(torch.bfloat16), w, ablate="read")
+    y = nvfp4_gemm.matmul(torch.randn(64, 512).to(torch.bfloat16), w, ablate="read", policy=policy)
     assert y.shape == (64, 256) and reads == _ptrs((w.kernel_operand.words, w.kernel_operand.codes))
 
 

@@ -71,17 +71,35 @@ def test_a_gemm_may_not_keep_more_than_the_packed_bytes():
         unregister_fp4_gemm("cpu")
 
 
-def test_w4a4_is_opt_in_and_never_the_head(monkeypatch):
+def test_w4a4_is_opt_in_and_never_the_head():
     from engine.linear import Nvfp4Linear
+    from engine.options import EngineOptions
     from engine.residency import iter_linears
 
-    monkeypatch.delenv("REGATE_NVFP4_W4A4", raising=False)
     w4a16 = Engine(tiny())
     assert not [lin.name for lin in iter_linears(w4a16.model) if getattr(lin, "w4a4", False)]
-    monkeypatch.setenv("REGATE_NVFP4_W4A4", "1")
-    w4a4 = Engine(tiny())
+    w4a4 = Engine(tiny(), options=EngineOptions(nvfp4_w4a4=True))
     nvfp4 = [lin for lin in iter_linears(w4a4.model) if isinstance(lin, Nvfp4Linear)]
     assert all(lin.w4a4 is (lin.role == "tower") for lin in nvfp4)
     assert any(lin.role == "head" for lin in nvfp4)
     a, b = w4a16.score([3, 1, 4, 1, 5]), w4a4.score([3, 1, 4, 1, 5])
     assert not torch.equal(a, b) and (a - b).abs().max() < 0.25 * a.abs().max()  # activations rounded to FP4
+
+
+def test_a_policy_bound_gemm_is_one_object_per_backend_and_policy():
+    """The cuda_engine suite checks `lin.gemm is fp4_gemm_for(backend)`: binding the kernel policy must
+    not make a new GEMM per call. A GEMM whose calls take a policy gets it bound; a registration resets."""
+    from kernels.policy import KernelPolicy
+
+    seen = []
+    g = Fp4Gemm(prepare=lambda w, policy: seen.append(policy), matmul=lambda x, w, policy: policy, takes_policy=True)
+    register_fp4_gemm("cpu", g)
+    try:
+        a, b = fp4_gemm_for("cpu"), fp4_gemm_for("cpu", KernelPolicy())
+        assert a is b and a is not g and a.matmul(0, 0) == KernelPolicy()
+        other = fp4_gemm_for("cpu", KernelPolicy(split_waves=4))
+        assert other is not a and other.matmul(0, 0).split_waves == 4
+        register_fp4_gemm("cpu", g)
+        assert fp4_gemm_for("cpu") is not a  # a new registration binds anew
+    finally:
+        unregister_fp4_gemm("cpu")

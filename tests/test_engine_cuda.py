@@ -45,16 +45,16 @@ def test_cuda_close_to_cpu():
 
 
 def test_a_packed_bench_without_the_kernel_is_refused(tmp_path):
-    """The kernel disabled (REGATE_FP4_GEMM=0): the packed arm on CUDA would run its head on a BF16
+    """The kernel disabled (the option fp4_gemm=0): the packed arm on CUDA would run its head on a BF16
     operand, so `engine bench` exits 2 and prints no JSON number; the dequant arm still measures."""
     import json
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "REGATE_FP4_GEMM": "0"}
+    env = dict(os.environ)
     base = [sys.executable, "-m", "engine.cli", "bench", "--model", str(tiny()), "--backend", "cuda",
-            "--gen-len", "4", "--iters", "1", "--warmup", "0", "--json"]
+            "--gen-len", "4", "--iters", "1", "--warmup", "0", "--json", "--option", "fp4_gemm=0"]
     packed = subprocess.run(base + ["--lm-head", "packed"], env=env, capture_output=True, text=True, timeout=300)
     assert packed.returncode == 2 and "no number is reported" in packed.stderr, packed.stderr[-2000:]
     assert not [ln for ln in packed.stdout.splitlines() if ln.startswith("{")]

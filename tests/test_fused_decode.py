@@ -17,6 +17,7 @@ from engine.model.attention import paged_decode_attention  # noqa: E402
 from engine.model.rope import Rope, apply_rope  # noqa: E402
 from engine.model.delta_rule import recurrent_gated_delta_rule  # noqa: E402
 from engine.model.norm import RMSNorm, gated_rms_norm  # noqa: E402
+from kernels.policy import KernelPolicy  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 BF16 = torch.bfloat16
@@ -74,12 +75,12 @@ def _nan_filled(empty):
 
 @pytest.mark.parametrize("split", ["0", "1"])
 def test_delta_step_split_over_programs_matches_the_reference_step_after_step(monkeypatch, split):
-    """REGATE_DELTA_SPLIT=1: a head's DV columns over several programs (at batch 1, 4 of them here),
+    """The option delta_split=1: a head's DV columns over several programs (at batch 1, 4 of them here),
     the last one to finish norming the head; two steps in a row (the ticket counters must be back at
     zero for the second), against the reference recurrence."""
-    monkeypatch.setenv("REGATE_DELTA_SPLIT", split)
+    policy = KernelPolicy(delta_split=split == "1")
     hk, hv, dk, dv, eps = 2, 6, 32, 64, 1e-6
-    assert gdn_decode.programs_per_head(1, hv, dv) == (4 if split == "1" else 1)
+    assert gdn_decode.programs_per_head(1, hv, dv, policy) == (4 if split == "1" else 1)
     g = torch.Generator().manual_seed(11)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
     rec = r(3, hv, dk, dv, scale=0.1)
@@ -99,7 +100,7 @@ def test_delta_step_split_over_programs_matches_the_reference_step_after_step(mo
             m.setattr(gdn_decode.torch, "empty", _nan_filled(torch.empty))
             out_k = gdn_decode.delta_step(mixed.to(DEV), z.to(DEV), b.to(DEV), a.to(DEV), rec_k, slots.to(DEV),
                                           a_log.to(DEV), dt_bias.to(DEV), norm_w.to(DEV), num_k_heads=hk,
-                                          head_k_dim=dk, head_v_dim=dv, eps=eps)
+                                          head_k_dim=dk, head_v_dim=dv, eps=eps, policy=policy)
         torch.testing.assert_close(rec_k.cpu(), rec, rtol=1e-4, atol=1e-5)
         assert _ulps(out_k.cpu(), ref_out).max() <= 2.0
     if split == "1":
@@ -123,9 +124,9 @@ def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monke
         b, a = r(1, hv).to(BF16), r(1, hv).to(BF16)
         out = {}
         for split in ("0", "1"):
-            monkeypatch.setenv("REGATE_DELTA_SPLIT", split)
             out[split] = gdn_decode.delta_step(mixed, z, b, a, rec[split], slots, a_log, dt_bias, norm_w,
-                                               num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=1e-6)
+                                               num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=1e-6,
+                                               policy=KernelPolicy(delta_split=split == "1"))
         torch.testing.assert_close(rec["1"], rec["0"], rtol=1e-5, atol=1e-6)
         assert _ulps(out["1"], out["0"]).max() <= 2.0
 
@@ -161,22 +162,17 @@ def test_delta_step_at_an_explicit_split_and_warp_count_is_the_default_step(nv, 
 
 @pytest.mark.parametrize("target, nv", [("256", 1), ("1024", 2), ("8192", 8), ("", 2), ("0", None), ("many", None)])
 def test_the_split_target_moves_the_rule_and_a_bad_one_is_refused(target, nv):
-    """REGATE_DELTA_TARGET: at batch 16 the 27b shape's 768 heads stay whole at 256 programs, split 2
-    ways at 1024 (the default, "" here: the variable unset) and 8 ways at 8192; a target that is no
-    positive integer stops the import, naming the variable."""
-    import subprocess
-    import sys
+    """The option delta_target: at batch 16 the 27b shape's 768 heads stay whole at 256 programs, split 2
+    ways at 1024 (the default, "" here: the option not given) and 8 ways at 8192; a target that is no
+    positive integer is refused, naming the option."""
+    from engine.options import EngineOptions
 
-    code = "from kernels import gdn_decode; print(gdn_decode.programs_per_head(16, 48, 128))"
-    env = {k: v for k, v in os.environ.items() if k != "REGATE_DELTA_TARGET"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**env, **({"REGATE_DELTA_TARGET": target} if target else {}), "REGATE_DELTA_SPLIT": "1"})
+    pairs = [f"delta_target={target}"] if target else []
     if nv is None:
-        assert run.returncode != 0 and f"REGATE_DELTA_TARGET: expected a positive number of programs, found {target!r}" \
-            in run.stderr
+        with pytest.raises(ValueError, match="option delta_target: expected"):
+            EngineOptions.parse(pairs)
     else:
-        assert run.returncode == 0, run.stderr
-        assert int(run.stdout) == nv
+        assert gdn_decode.programs_per_head(16, 48, 128, EngineOptions.parse(pairs).kernels) == nv
 
 
 def test_the_delta_sweep_times_every_launchable_split_with_the_reference_first():
@@ -326,17 +322,17 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
     bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to 47
     (an empty padding sequence); once with the prefill's delta rule in chunks of 16 tokens
     (kernels/gdn_prefill_chunked.py)."""
-    from engine.prefill_graphs import BUCKET_ENV
     from types import SimpleNamespace
 
-    from engine import fused
     from engine.engine import Engine
+    from engine.fused import bind_policy
+    from engine.options import EngineOptions
     from engine_oracle import tiny
 
     ckpt = tiny()
     prompts = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
-    monkeypatch.setenv(fused.ENV, "0")  # the reference: the torch path, also on CUDA where fused is the default
-    ref = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128).generate(prompts, 12)
+    off = EngineOptions(fused_decode=False)  # the reference: the torch path, also on CUDA where fused is the default
+    ref = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128, options=off).generate(prompts, 12)
     calls: dict[str, int] = {}
 
     def counted(name, fn):
@@ -344,18 +340,18 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True,
-                              prefill_attention=prefill_attention, **{name: counted(name, fn) for name, fn in (
+    options = EngineOptions(prefill_bucket=bucket).with_kernels(delta_prefill_chunk=delta_chunk)
+    bind = lambda fn: bind_policy(fn, options)  # noqa: E731  (as engine.fused binds them)
+    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, policy=options.kernels,
+                              prefill_attention=prefill_attention, **{name: counted(name, bind(fn)) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
         ("attention_prep", attention_prep.attention_prep), ("paged_decode_gated", paged_attention.paged_decode_gated),
         ("paged_prefill_gated", paged_prefill.paged_prefill_gated), ("rms_norm", decode_norm.rms_norm),
         ("add_rms_norm", decode_norm.add_rms_norm), ("silu_mul", decode_norm.silu_mul))})
-    monkeypatch.setattr("engine.model.build.fused_kernels", lambda device: kernels)
-    monkeypatch.setenv(BUCKET_ENV, str(bucket))
-    monkeypatch.setattr(gdn_prefill, "CHUNK", delta_chunk)
-    eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128)
+    monkeypatch.setattr("engine.model.build.fused_kernels", lambda device, opts: kernels)
+    eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128, options=options)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
     assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs() == prefill_attention
     assert eng.generate(prompts, 12) == ref
@@ -375,27 +371,25 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
         assert calls["add_rms_norm"] >= (steps + 1) * 2 * layers and calls["silu_mul"] >= (steps + 1) * layers
 
 
-def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path(monkeypatch):
+def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path():
     from engine import fused
+    from engine.options import EngineOptions
 
-    monkeypatch.delenv(fused.ENV, raising=False)
     assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
     on = fused.fused_kernels(torch.device("cuda"))  # picks functions only; nothing runs on a device here
-    assert on is not None and on.delta_step is gdn_decode.delta_step
-    assert on.paged_prefill_gated is paged_prefill.paged_prefill_gated
-    monkeypatch.delenv(fused.PREFILL_ATTENTION_ENV, raising=False)
-    assert not fused.fused_kernels(torch.device("cuda")).prefill_attention  # off until the H200 measures it
-    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
-    assert fused.fused_kernels(torch.device("cuda")).prefill_attention
-    monkeypatch.setenv(fused.ENV, "0")
-    assert fused.fused_kernels(torch.device("cuda")) is None
+    assert on is not None and on.delta_step.func is gdn_decode.delta_step
+    assert on.delta_step.keywords == {"policy": KernelPolicy()}  # each kernel bound to the engine's policy
+    assert on.paged_prefill_gated.func is paged_prefill.paged_prefill_gated
+    assert not on.prefill_attention  # off until the H200 measures it
+    assert fused.fused_kernels(torch.device("cuda"), EngineOptions(prefill_attention=True)).prefill_attention
+    assert fused.fused_kernels(torch.device("cuda"), EngineOptions(fused_decode=False)) is None
+    no_pdl = EngineOptions().with_kernels(pdl=False)
+    assert fused.fused_kernels(torch.device("cuda"), no_pdl).rms_norm.keywords == {"policy": no_pdl.kernels}
 
 
-def test_programmatic_dependent_launch_is_cuda_only_and_switchable(monkeypatch):
+def test_programmatic_dependent_launch_is_cuda_only_and_switchable():
     from kernels import pdl
 
-    monkeypatch.delenv(pdl.ENV, raising=False)
     assert pdl.launch_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
     assert pdl.launch_options(torch.device("cpu")) == {"PDL": False}  # the interpreter has no griddepcontrol
-    monkeypatch.setenv(pdl.ENV, "0")
-    assert pdl.launch_options(torch.device("cuda")) == {"PDL": False}
+    assert pdl.launch_options(torch.device("cuda"), KernelPolicy(pdl=False)) == {"PDL": False}

@@ -133,7 +133,7 @@ def test_bench_json_is_checked(stdout, needle):
 
 
 @pytest.mark.parametrize("params", [
-    {"backend": "cuda", "lm_head": "packed", "head_fp4_gemm": False, "fp4_gemm_reason": "REGATE_FP4_GEMM=0"},
+    {"backend": "cuda", "lm_head": "packed", "head_fp4_gemm": False, "fp4_gemm_reason": "option fp4_gemm=0"},
     {"backend": "cuda", "lm_head": "packed"},  # a bench too old to say is not trusted either
 ])
 def test_a_packed_cuda_leg_off_the_fp4_gemm_is_an_error(params):
@@ -262,3 +262,37 @@ def test_a_shared_bench_fills_the_arms_benches_does_not_name(tmp_path):
 def test_bench_runners_that_do_not_cover_the_arms_are_refused(tmp_path, kw, words):
     with pytest.raises(GridError, match=words):
         run_grid(_spec(), checkpoint=lambda **p: tmp_path, **kw)
+
+
+def _options_spec(options: dict):
+    return parse_spec({
+        "name": "opts", "backend": "cpu", "legs": 3, "warmup": 0, "iters": 2, "checkpoint": {"preset": "tiny"},
+        "arms": {"base": {"lm_head": "packed"}, "no_pdl": {"lm_head": "packed", "options": options}},
+        "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}],
+    }, "opts.yaml")
+
+
+def test_a_leg_whose_bench_ran_other_options_is_refused_naming_the_field():
+    """After each leg the bench's "options" must be the arm's on top of the defaults: the differing
+    field is named with grid, cell, arm and leg; a bench that reports none passes only an arm that sets none."""
+    from engine.options import EngineOptions
+    from grids.runner import check_options
+
+    spec = _options_spec({"pdl": 0})
+    base, no_pdl = spec.arms
+    ran = EngineOptions().with_kernels(pdl=False).to_json()
+    check_options({"options": ran}, no_pdl, "w")  # as asked
+    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=False, the arm expects True"):
+        check_options({"options": ran}, base, "w")
+    leaked = {**ran, "fused_sample": False}
+    with pytest.raises(GridError, match=r"option fused_sample=False, the arm expects True"):
+        check_options({"options": leaked}, no_pdl, "w")
+    check_options({}, base, "w")  # a revision from before options
+    with pytest.raises(GridError, match=r"the bench reported no options, the arm sets \{'pdl': '0'\}"):
+        check_options({}, no_pdl, "w")
+    check_options({"options": {**EngineOptions().to_json(), "a_newer_option": 3}}, base, "w")  # not judged
+
+    def bench(args, timeout_s):  # every leg reports the defaults: the no_pdl arm's option did not take
+        return json.dumps({"schema_version": 1, "decode_tok_s": 10.0, "options": EngineOptions().to_json()})
+    with pytest.raises(GridError, match=r"grid opts: cell 0 \(.*\), arm no_pdl, leg 1: the bench ran with option pdl"):
+        run_grid(spec, bench=bench, checkpoint=lambda **params: "/ck")

@@ -209,3 +209,24 @@ def test_grid_paths_outside_the_repository_are_refused(tmp_path, given):
     (tmp_path / "repo").mkdir()
     with pytest.raises(SpecError, match="outside the repository"):
         repo_relative(given.format(out=tmp_path / "other"), tmp_path / "repo")
+
+
+def test_an_arm_carries_engine_options_checked_at_load():
+    """An arm's `options` are engine options (engine/options.py): sorted, as --option pairs for each leg;
+    an unknown key or a bad value is an error naming the arm; --option in extra_args is refused."""
+    from grids import runner
+    spec = parse_spec(_with("arms.dequant.options", {"split_waves": 4, "pdl": False, "prefill_warm": [16, 32]}))
+    arm = spec.arms[1]
+    assert arm.options == (("pdl", "0"), ("prefill_warm", "16,32"), ("split_waves", "4"))
+    assert arm.engine_options().changed() == {"pdl": False, "prefill_warm": [16, 32], "split_waves": 4}
+    argv = runner.bench_args(spec, spec.cells[0], arm, "/ck")
+    at = argv.index("--option")
+    assert argv[at:at + 6] == ["--option", "pdl=0", "--option", "prefill_warm=16,32", "--option", "split_waves=4"]
+    assert "--option" not in runner.bench_args(spec, spec.cells[0], spec.arms[0], "/ck")
+    for options, needle in (({"warp_speed": 1}, "arms.dequant.options: option warp_speed: unknown"),
+                            ({"split_waves": 0}, "arms.dequant.options: option split_waves: expected a count"),
+                            ([1], "arms.dequant.options: expected")):
+        with pytest.raises(SpecError, match=needle):
+            parse_spec(_with("arms.dequant.options", options))
+    with pytest.raises(SpecError, match="sets an option the runner sets itself"):
+        parse_spec(_with("arms.dequant.extra_args", ["--option", "pdl=0"]))

@@ -11,7 +11,6 @@ from tests.loader_helpers import edit_json, edit_tensors, fresh, module_to_bf16
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path_factory.getbasetemp() / "regate-cache"))
-    monkeypatch.delenv("REGATE_NVFP4_W4A4", raising=False)
 
 
 @pytest.mark.parametrize("prefix", ["model.", "model.language_model."])
@@ -62,14 +61,13 @@ def test_legacy_and_inline_modelopt_configs_load_the_same():
 
 
 @pytest.mark.parametrize("naming", ["modelopt", "compressed-tensors"])
-def test_w4a4_only_when_opted_in_and_never_for_the_head(naming, monkeypatch):
+def test_w4a4_only_when_opted_in_and_never_for_the_head(naming):
     path = cached_checkpoint(naming=naming, head="nvfp4")
     ck = load_checkpoint(path)
     assert not ck.w4a4  # W4A16 by default even though input scales are carried
     assert ck.linears["layers.0.mlp.up_proj"].input_scale is not None
     assert ck.linears["lm_head"].input_scale is None
-    monkeypatch.setenv("REGATE_NVFP4_W4A4", "1")
-    assert load_checkpoint(path).w4a4
+    assert load_checkpoint(path, w4a4=True).w4a4  # the engine's option nvfp4_w4a4
 
 
 def test_compressed_tensors_head_is_never_mistaken_for_tied(tmp_path):

@@ -88,11 +88,11 @@ def test_weight_dequantize_and_bytes():
     assert torch.equal(w.dequantize(torch.float32), nvfp4.dequantize_raw(q.packed, q.block_scale, q.global_scale))
 
 
-def test_w4a4_is_opt_in_only(monkeypatch):
-    monkeypatch.delenv("REGATE_NVFP4_W4A4", raising=False)
-    assert not nvfp4.w4a4_enabled()
-    monkeypatch.setenv("REGATE_NVFP4_W4A4", "1")
-    assert nvfp4.w4a4_enabled()
+def test_w4a4_is_opt_in_only():
+    from engine.options import EngineOptions
+
+    assert not EngineOptions().nvfp4_w4a4
+    assert EngineOptions.parse("nvfp4_w4a4=1").nvfp4_w4a4
 
 
 def test_fast_encoder_matches_reference_on_random_and_tie_inputs():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.prefill_graphs import (BUCKET_ENV, ENV, WARM_ENV, PrefillFeed, PrefillGraphs, bucket_tokens, graph_limit,
-                                   warm_lengths)
+from engine.options import EngineOptions
+from engine.prefill_graphs import PrefillFeed, PrefillGraphs
 from engine_oracle import tiny
 
 PROMPTS = [[5, 17, 400, 3, 3, 91, 250], [42, 7], [1, 2, 3]]
@@ -77,14 +77,12 @@ def test_prompts_of_one_bucket_share_a_key_and_an_exact_fit_pads_with_an_empty_s
         bucketed([3], 0)
 
 
-def test_bucketed_prefills_on_the_cpu_give_the_unpadded_tokens(monkeypatch):
+def test_bucketed_prefills_on_the_cpu_give_the_unpadded_tokens():
     """The padding sequence writes only the sinks: the same greedy tokens, and top-k logits within
     FP32 noise (the reference path's matmuls at another M), with a prompt that fills its bucket."""
-    monkeypatch.delenv(BUCKET_ENV, raising=False)
     want = Engine(tiny(), max_num_seqs=4, max_model_len=64)
-    assert want.runner().prefill_bucket == 0  # the runner, made on first use, reads the switch now
-    monkeypatch.setenv(BUCKET_ENV, "16")
-    padded = Engine(tiny(), max_num_seqs=4, max_model_len=64)
+    assert want.runner().prefill_bucket == 0  # the default: no padding
+    padded = Engine(tiny(), max_num_seqs=4, max_model_len=64, options=EngineOptions(prefill_bucket=16))
     for prompts in (PROMPTS, [list(range(30, 46))]):  # 12 tokens padded by 4; 16 exactly (an empty pad)
         assert padded.generate(prompts, 6) == want.generate(prompts, 6)
         for a, b in zip(padded.last_topk, want.last_topk):
@@ -102,15 +100,13 @@ def test_a_warm_up_prompt_lives_in_the_sink_and_shares_its_buckets_key():
     assert (v["block_tables"] == 99).all() and warm.real == 1
 
 
-def test_the_warm_lengths_come_from_the_environment(monkeypatch):
-    monkeypatch.delenv(WARM_ENV, raising=False)
-    assert warm_lengths() == []
-    monkeypatch.setenv(WARM_ENV, "128, 256")
-    assert warm_lengths() == [128, 256]
-    for bad in ("0", "many", "128,,3"):
-        monkeypatch.setenv(WARM_ENV, bad)
-        with pytest.raises(ValueError, match=f"{WARM_ENV}: expected comma-separated prompt lengths > 0"):
-            warm_lengths()
+def test_the_warm_lengths_come_from_the_options():
+    assert EngineOptions().prefill_warm == ()
+    assert EngineOptions.parse("prefill_warm=128, 256").prefill_warm == (128, 256)
+    for bad, match in (("0", "expected prompt lengths > 0"), ("many", "expected a list of integers"),
+                       ("-3", "expected prompt lengths > 0")):
+        with pytest.raises(ValueError, match=f"option prefill_warm: {match}"):
+            EngineOptions.parse(f"prefill_warm={bad}")
 
 
 def test_a_warm_shape_is_captured_once_within_the_limit(monkeypatch):
@@ -125,7 +121,7 @@ def test_a_warm_shape_is_captured_once_within_the_limit(monkeypatch):
 
 def test_warm_prefill_graphs_without_what_they_need_is_a_clear_error():
     eng = Engine(tiny(), max_num_seqs=4, max_model_len=64)
-    with pytest.raises(ValueError, match=f"{WARM_ENV}: warm prefill graphs need prefill graphs on"):
+    with pytest.raises(ValueError, match="option prefill_warm: warm prefill graphs need prefill graphs on"):
         eng.runner().warm_prefill_graphs([16])
     eng.runner().warm_prefill_graphs([])  # nothing asked: nothing needed
 
@@ -148,18 +144,14 @@ def test_nothing_is_captured_while_the_profiler_records():
     assert g.decide("a") == "capture"
 
 
-@pytest.mark.parametrize("env, read, default, what", [(ENV, graph_limit, 8, "a count of graphs"),
-                                                      (BUCKET_ENV, bucket_tokens, 0, "a token count")])
-def test_the_graph_limit_and_the_bucket_come_from_the_environment(monkeypatch, env, read, default, what):
-    monkeypatch.delenv(env, raising=False)
-    assert read() == default
+@pytest.mark.parametrize("key, default", [("prefill_graphs", 8), ("prefill_bucket", 0)])
+def test_the_graph_limit_and_the_bucket_come_from_the_options(key, default):
+    assert getattr(EngineOptions(), key) == default
     for value in (0, 64):
-        monkeypatch.setenv(env, str(value))
-        assert read() == value
-    for bad in ("-1", "many"):
-        monkeypatch.setenv(env, bad)
-        with pytest.raises(ValueError, match=f"{env}: expected {what} >= 0, found '{bad}'"):
-            read()
+        assert getattr(EngineOptions.parse(f"{key}={value}"), key) == value
+    for bad, match in (("-1", "expected a count >= 0, found -1"), ("many", "expected an integer, found 'many'")):
+        with pytest.raises(ValueError, match=f"option {key}: {match}"):
+            EngineOptions.parse(f"{key}={bad}")
 
 
 def test_the_cpu_engine_holds_no_prefill_graphs():
@@ -175,11 +167,11 @@ def test_the_cpu_engine_holds_no_prefill_graphs():
 def test_a_replayed_prefill_equals_the_eager_one(arm, monkeypatch):
     """Three generates of one batch: eager, then capture, then replay; every token and top-k logit
     equal to an engine whose prefill is always eager, and decode after each equal too."""
-    monkeypatch.setenv(ENV, "0")
-    eager = Engine(tiny(), backend="cuda", lm_head=arm, max_num_seqs=4, max_model_len=64)
-    assert eager.runner().prefill_graphs is None  # the runner (made on first use) reads the switch
-    monkeypatch.setenv(ENV, "8")
-    graphs = Engine(tiny(), backend="cuda", lm_head=arm, max_num_seqs=4, max_model_len=64)
+    eager = Engine(tiny(), backend="cuda", lm_head=arm, max_num_seqs=4, max_model_len=64,
+                   options=EngineOptions(prefill_graphs=0))
+    assert eager.runner().prefill_graphs is None
+    graphs = Engine(tiny(), backend="cuda", lm_head=arm, max_num_seqs=4, max_model_len=64,
+                    options=EngineOptions(prefill_graphs=8))
     assert graphs.runner().prefill_graphs.limit == 8
     want = eager.generate(PROMPTS, 5)
     want_topk = eager.last_topk
@@ -202,15 +194,11 @@ def test_one_bucketed_graph_serves_prompts_it_never_saw(monkeypatch):
     """Buckets of 32 tokens with the prefill attention kernel: batches of three prompts of other
     lengths (one never asked for before) replay one graph, and every token and top-k logit equals
     an engine that pads the same way but never replays."""
-    from engine import fused
-
-    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
-    monkeypatch.setenv(BUCKET_ENV, "32")
-    monkeypatch.setenv(ENV, "0")
-    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    opts = EngineOptions(prefill_attention=True, prefill_bucket=32)
+    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
+                   options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_graphs=0))
     assert eager.runner().prefill_graphs is None and eager.runner().prefill_bucket == 32
-    monkeypatch.setenv(ENV, "8")
-    graphs = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    graphs = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64, options=opts)
     assert graphs.runner().shares_prefill_graphs()
     batches = [PROMPTS, PROMPTS, [[3] * 9, [8, 9], [77] * 5], [[1] * 20, [2] * 3, [4]]]  # 12, 12, 16, 24 tokens
     for i, prompts in enumerate(batches):
@@ -223,19 +211,14 @@ def test_one_bucketed_graph_serves_prompts_it_never_saw(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_warmed_bucket_replays_a_users_first_prompt(monkeypatch):
-    """REGATE_PREFILL_WARM=20 captures the 32-token batch-1 bucket when the runner is made: a first
+    """The option prefill_warm=20 captures the 32-token batch-1 bucket when the runner is made: a first
     prompt of 9 tokens replays it (no graph added), with the tokens and top-k logits of an engine that
     pads the same way but never replays."""
-    from engine import fused
-
-    monkeypatch.setenv(fused.PREFILL_ATTENTION_ENV, "1")
-    monkeypatch.setenv(BUCKET_ENV, "32")
-    monkeypatch.setenv(ENV, "0")
-    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
+                   options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_graphs=0))
     assert eager.runner().prefill_graphs is None
-    monkeypatch.setenv(ENV, "8")
-    monkeypatch.setenv(WARM_ENV, "20")
-    warm = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64)
+    warm = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
+                  options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_warm=(20,)))
     assert len(warm.runner().prefill_graphs.graphs) == 1
     prompt = [[11, 3, 250, 7, 7, 1, 90, 4, 2]]
     assert warm.generate(prompt, 4) == eager.generate(prompt, 4)

@@ -11,7 +11,7 @@ import torch
 from engine.backends import Fp4Gemm
 from engine.linear import DenseLinear, Nvfp4Linear
 from engine.nvfp4 import Nvfp4Weight, quantize
-from engine.projections import ENV, Projections
+from engine.projections import Projections
 from kernels import merge, tile_layout
 from kernels.tile_layout import OUT_SHIFT, emulate_dequant
 
@@ -87,8 +87,7 @@ def _emulated_gemm() -> Fp4Gemm:
     return Fp4Gemm(prepare=lambda w: None, matmul=matmul, merge=merge.merge, matmul_merged=matmul_merged)
 
 
-def test_a_merged_group_returns_what_its_members_return(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+def test_a_merged_group_returns_what_its_members_return():
     gemm, ws = _emulated_gemm(), _members(_seed())
     group = Projections(*[Nvfp4Linear(w, gemm) for w in ws])
     x = torch.randn(3, K).to(torch.bfloat16)
@@ -105,13 +104,12 @@ def test_a_merged_group_returns_what_its_members_return(monkeypatch):
     assert [t.shape for t in lead] == [(1, 3, 64), (1, 3, 32), (1, 3, 16), (1, 3, 16)]
 
 
-def test_a_group_stays_separate_where_it_cannot_merge(monkeypatch):
+def test_a_group_stays_separate_where_it_cannot_merge():
     gemm, s = _emulated_gemm(), _seed()
-    monkeypatch.setenv(ENV, "0")
     g = Projections(*[Nvfp4Linear(w, gemm) for w in _members(s)])
-    g.prepare()
-    assert g.merged is None and g.why_separate() == f"{ENV}=0"
-    monkeypatch.delenv(ENV)
+    g.prepare(merge=False)  # the option merge_projections=0
+    assert g.merged is None and g.why_separate(merge=False) == "option merge_projections=0"
+    assert g.why_separate() is None  # only the option kept it apart
     w4a4 = [Nvfp4Linear(w, gemm) for w in _members(s)]
     w4a4[1].w4a4 = True
     dense = [Nvfp4Linear(_weight("q", 32, seed=s, amp=0.1), gemm), DenseLinear("k", torch.randn(32, K))]

@@ -56,28 +56,29 @@ def test_merged_gemm_matches_its_members_and_the_reference(case):
 PROMPTS = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
 
 
-def _engine_on_and_off(monkeypatch, env: str, run) -> dict:
+def _engine_on_and_off(key: str, run) -> dict:
     """{flag: run(engine, flag)} for the engine on the 27b shape cut to 4 layers (the cuda_engine
-    suite's checkpoint) built with `env` at "0", then "1"."""
+    suite's checkpoint) built with the option `key` at "0", then "1"."""
     from engine.ckpt_cache import cached_checkpoint
     from engine.engine import Engine
+    from engine.options import EngineOptions
 
     ck = cached_checkpoint(naming="modelopt", head="nvfp4", seed=0, preset="27b", layers=4)
     out = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv(env, flag)
-        eng = Engine(ck, backend="cuda", max_num_seqs=4, max_model_len=128)
+        eng = Engine(ck, backend="cuda", max_num_seqs=4, max_model_len=128,
+                     options=EngineOptions.parse(f"{key}={flag}"))
         out[flag] = run(eng, flag)
         del eng
     return out
 
 
-def test_the_engine_with_merged_projections_agrees_with_it_unmerged(monkeypatch):
+def test_the_engine_with_merged_projections_agrees_with_it_unmerged():
     """The wiring on the 27b shape cut to 4 layers (the cuda_engine suite's checkpoint; tiny's K=128
     holds no tile operand): every group merged, or none with the switch off; greedy decode under CUDA
     graphs (a batch of three) agrees on the shared prefix and splits only at a near-tie (the split-K
     order differs, so BF16 roundings may); prefill logits agree within BF16 noise."""
-    from engine.projections import ENV, Projections
+    from engine.projections import Projections
     from engine.residency import iter_instances
 
     def run(eng, flag):
@@ -85,7 +86,7 @@ def test_the_engine_with_merged_projections_agrees_with_it_unmerged(monkeypatch)
         assert len(groups) == 8 and all((g.merged is not None) == (flag == "1") for g in groups), flag
         tokens = eng.generate(PROMPTS, 12)
         return tokens, [[(t.logits, t.ids) for t in seq] for seq in eng.last_topk], eng.score(PROMPTS[2]).float()
-    out = _engine_on_and_off(monkeypatch, ENV, run)
+    out = _engine_on_and_off("merge_projections", run)
     tol = 0.25  # the cuda_engine suite's ARM_TOL: two CUDA runs of one prefix
     for a, b, ta, tb in zip(out["1"][0], out["0"][0], out["1"][1], out["0"][1], strict=True):
         d = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
@@ -127,10 +128,9 @@ def test_a_deferred_split_sum_is_the_reduce_kernels_sum(n, k):
         assert torch.equal(res, ref[0]) and torch.equal(out, ref[1])
 
 
-def test_the_engine_sums_split_k_in_the_norm_bit_for_bit(monkeypatch):
-    """REGATE_SPLIT_SUM_IN_NORM on (default) or off: the same sums in the same order, so the same
+def test_the_engine_sums_split_k_in_the_norm_bit_for_bit():
+    """The option split_sum_in_norm on (default) or off: the same sums in the same order, so the same
     tokens and the same logits, bit for bit (27b cut to 4 layers, CUDA graphs, a batch of three)."""
-    from engine.fused import SPLIT_SUM_ENV
     from engine.linear import Nvfp4Linear
     from engine.residency import iter_instances
 
@@ -138,7 +138,7 @@ def test_the_engine_sums_split_k_in_the_norm_bit_for_bit(monkeypatch):
         deferring = [lin.name for lin in iter_instances(eng.model, Nvfp4Linear) if lin.sum_in_consumer]
         assert len(deferring) == (8 if flag == "1" else 0), deferring  # o_proj or out_proj, and down_proj, per layer
         return eng.generate(PROMPTS, 12), eng.score(PROMPTS[2]).float()
-    out = _engine_on_and_off(monkeypatch, SPLIT_SUM_ENV, run)
+    out = _engine_on_and_off("split_sum_in_norm", run)
     assert out["1"][0] == out["0"][0]
     assert torch.equal(out["1"][1], out["0"][1])
 

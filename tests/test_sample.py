@@ -99,18 +99,19 @@ def test_bad_arguments_are_refused_by_name(bad, match):
 
 
 def test_the_engine_picks_the_same_tokens_and_top_k_with_the_kernel(tmp_path, monkeypatch):
-    """REGATE_FUSED_SAMPLE=1 puts a CUDA engine's pick (inside its decode graphs) on the kernel; the CPU
+    """The option fused_sample=1 puts a CUDA engine's pick (inside its decode graphs) on the kernel; the CPU
     backend keeps torch's, so here the CPU runner's switch is set by hand. Either way generate's tokens
     and every step's top-k equal the reference engine's."""
     from engine.engine import Engine
+    from engine.options import EngineOptions
     from engine.synth import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "tiny", preset="tiny", seed=3)
     prompts = [[5, 9, 2, 11], [7, 1], [3, 3, 3, 8, 1, 2]]
 
     def run(env: str):
-        monkeypatch.setenv("REGATE_FUSED_SAMPLE", env)
-        eng = Engine(ckpt, backend=DEV.type, lm_head="packed", max_num_seqs=3, max_model_len=64)
+        eng = Engine(ckpt, backend=DEV.type, lm_head="packed", max_num_seqs=3, max_model_len=64,
+                     options=EngineOptions.parse([f"fused_sample={env}"]))
         runner = eng.runner()
         if env == "1" and DEV.type == "cpu":
             assert runner.sample_kernel is None  # the switch is CUDA's
@@ -151,11 +152,11 @@ def test_the_benchs_reference_is_the_runners_pick():
     assert torch.equal(out, ref_out) and torch.equal(prev, ref_prev)
 
 
-def test_the_kernel_picks_by_default_on_cuda_and_never_on_the_cpu(monkeypatch):
-    from engine.fused import SAMPLE_ENV, fused_sample
+def test_the_kernel_picks_by_default_on_cuda_and_never_on_the_cpu():
+    from engine.fused import fused_sample
+    from engine.options import EngineOptions
 
-    monkeypatch.delenv(SAMPLE_ENV, raising=False)
-    assert fused_sample(torch.device("cuda")) is sample.greedy_topk
+    pick = fused_sample(torch.device("cuda"))
+    assert pick.func is sample.greedy_topk and pick.keywords == {"policy": EngineOptions().kernels}
     assert fused_sample(torch.device("cpu")) is None
-    monkeypatch.setenv(SAMPLE_ENV, "0")
-    assert fused_sample(torch.device("cuda")) is None
+    assert fused_sample(torch.device("cuda"), EngineOptions(fused_sample=False)) is None

@@ -13,6 +13,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 from engine.nvfp4 import dequantize_raw, quantize  # noqa: E402
 from kernels import tile_dequant  # noqa: E402
+from kernels.policy import KernelPolicy  # noqa: E402
 from kernels.tile_layout import OUT_SHIFT, TileOperand, repack  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -79,11 +80,11 @@ def test_bad_shapes_are_refused_with_the_field_named():
 
 @pytest.mark.parametrize("n", [48, 40])  # 40: 8 tail rows on the Triton kernel
 def test_tile_gemm_takes_dequant_and_cublas_from_the_tables_m(monkeypatch, n):
-    from kernels import table, tile_gemm
+    from kernels import tile_gemm
 
     packed, scale, gs = _weight(n, 256, _seed())
     op = repack(packed, scale, "w")
-    monkeypatch.setattr(table, "DEQUANT_MIN_M", 8)
+    policy = KernelPolicy(dequant_min_m=8)
     if not torch.cuda.is_available():  # the tile kernels need the GPU: the test must not reach them
         monkeypatch.setattr(tile_gemm, "extension", lambda: pytest.fail("the tile kernel ran at M >= 8"))
         # the tail's Triton GEMM is tested in its own subprocess (test_kernels_interpret.py: this
@@ -92,23 +93,22 @@ def test_tile_gemm_takes_dequant_and_cublas_from_the_tables_m(monkeypatch, n):
         from kernels.nvfp4_gemm import reference_gemm
         monkeypatch.setattr(tile_gemm, "nvfp4_gemm", lambda x, p, s, g, name: reference_gemm(x, p, s.view(torch.float8_e4m3fn), g))
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(2)).to(DEV, torch.bfloat16)
-    y = tile_gemm.tile_gemm(x, op, gs)
+    y = tile_gemm.tile_gemm(x, op, gs, policy=policy)
     w = dequantize_raw(packed, scale, gs, torch.float32).to(torch.bfloat16)
     assert y.shape == (9, n) and y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), x.float() @ w.float().T, rtol=1e-2, atol=1e-2)
 
 
-def test_the_dequant_switch_reads_the_env_and_the_shape_rows(monkeypatch):
+def test_the_dequant_switch_reads_the_policy_and_the_shape_rows(monkeypatch):
     from kernels import table
 
-    monkeypatch.setattr(table, "DEQUANT_MIN_M", None)
     monkeypatch.setattr(table, "DEQUANT_BY_SHAPE", {(64, 512): 1024})
     assert table.dequant_from(1024, 64, 512) and not table.dequant_from(1023, 64, 512)
     assert not table.dequant_from(1 << 20, 64, 256)  # a shape without a row stays on the tile kernels
-    monkeypatch.setattr(table, "DEQUANT_MIN_M", 0)  # REGATE_DEQUANT_MIN_M=0: off everywhere
-    assert not table.dequant_from(1 << 20, 64, 512)
-    monkeypatch.setattr(table, "DEQUANT_MIN_M", 16)
-    assert table.dequant_from(16, 1, 1) and not table.dequant_from(15, 64, 512)
+    off = KernelPolicy(dequant_min_m=0)  # the option dequant_min_m=0: off everywhere
+    assert not table.dequant_from(1 << 20, 64, 512, off)
+    at16 = KernelPolicy(dequant_min_m=16)
+    assert table.dequant_from(16, 1, 1, at16) and not table.dequant_from(15, 64, 512, at16)
 
 
 def test_the_sweeps_crossover_is_the_m_from_which_dequant_wins_throughout():
@@ -128,19 +128,19 @@ def test_the_dequant_path_records_into_a_cuda_graph(monkeypatch):
     """Where a table row sends M to the dequant path, `prepare` compiles its kernel (nothing compiles
     inside a capture), and a captured call replays to the eager result bit for bit."""
     from engine.nvfp4 import Nvfp4Weight
-    from kernels import nvfp4_gemm, table
+    from kernels import nvfp4_gemm
 
     if not nvfp4_gemm.tile_available()[0]:
         pytest.skip(f"tile GEMM: {nvfp4_gemm.tile_available()[1]}")
-    monkeypatch.setattr(table, "DEQUANT_MIN_M", 64)
+    policy = KernelPolicy(dequant_min_m=64)
     g = torch.Generator().manual_seed(_seed())
     w = Nvfp4Weight.from_quantized("w", quantize(torch.randn(272, 512, generator=g) * 0.02))
     w.to("cuda")
-    nvfp4_gemm.prepare(w)
+    nvfp4_gemm.prepare(w, policy)
     x = torch.randn(128, 512, device="cuda").bfloat16()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = nvfp4_gemm.matmul(x, w)
+        y = nvfp4_gemm.matmul(x, w, policy=policy)
     x.copy_(torch.randn(128, 512, device="cuda"))
     graph.replay()
-    assert torch.equal(y, nvfp4_gemm.matmul(x, w))
+    assert torch.equal(y, nvfp4_gemm.matmul(x, w, policy=policy))

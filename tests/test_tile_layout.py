@@ -84,13 +84,13 @@ def test_tile_config_validation_and_table():
         table.config_for(0, table.TILE)
 
 
-def test_split_k_only_when_the_ctas_cannot_fill_the_sms(monkeypatch):
+def test_split_k_only_when_the_ctas_cannot_fill_the_sms():
     cfg = table.TileConfig(1, 2, 4)
     assert tile_gemm.groups_per_split(1, 248320, 5120, cfg, 132) == 20  # the head: 1940 CTAs, no split
     # 40 CTAs: split K; ceil(264 / 40) = 7 splits wanted: 10 groups each
     assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 10  # 7 splits, the last of 8 groups
-    monkeypatch.setattr(tile_gemm, "SPLIT_WAVES", 8)  # 27 wanted, at most SPLIT_MAX (32): 3 groups each
-    assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132) == 3
+    # the option split_waves=8: 27 wanted, at most SPLIT_MAX (32): 3 groups each
+    assert tile_gemm.groups_per_split(1, 5120, 17408, cfg, 132, waves=8) == 3
 
 
 def test_table_from_sweep_takes_the_fastest_per_m():
@@ -232,49 +232,39 @@ def test_checkpoint_layout_inverts_repack_for_every_kind_of_scale():
     assert int((s2.view(torch.uint8)[:op.n_main] & 0x80).sum()) == 0  # signs live in the nibbles now
 
 
-@pytest.mark.parametrize("value", ["0", "1", "yes"])
+@pytest.mark.parametrize("value", ["0", "1", "maybe"])
 def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
-    """REGATE_TILE_BY_SHAPE=1: gate_up's, down's and o_proj's (N, K) take their own rows (o_proj only
-    past M 8); every other shape, and every M past the rows, keeps TILE's. 0: TILE's everywhere.
-    Anything else is refused by name."""
-    import os
-    import subprocess
-    import sys
+    """The option tile_by_shape=1 (the default): gate_up's, down's and o_proj's (N, K) take their own
+    rows (o_proj only past M 8); every other shape, and every M past the rows, keeps TILE's. 0: TILE's
+    everywhere. Anything else is refused by name."""
+    from engine.options import EngineOptions
 
-    code = ("from kernels import table\n"
-            "for m, n, k in ((1, 34816, 5120), (8, 34816, 5120), (16, 34816, 5120), (17, 34816, 5120),\n"
-            "                (1, 5120, 17408), (16, 5120, 17408), (8, 5120, 6144), (16, 5120, 6144),\n"
-            "                (1, 34816, 4096), (16, 14336, 5120)):\n"
-            "    print(table.tile_config(m, n, k) == table.config_for(m, table.TILE), end=' ')\n"
-            "print(table.tile_config(1, 34816, 5120).warps, table.tile_config(16, 5120, 6144).warpgroups)")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "REGATE_TILE_BY_SHAPE": value})
-    if value == "yes":
-        assert run.returncode != 0 and "REGATE_TILE_BY_SHAPE: expected 0 or 1, found 'yes'" in run.stderr
-    elif value == "1":
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == ["False", "False", "False", "True", "False", "True", "True", "False",
-                                      "True", "True", "8", "2"]
+    if value == "maybe":
+        with pytest.raises(ValueError, match="option tile_by_shape: expected a boolean"):
+            EngineOptions.parse(f"tile_by_shape={value}")
+        return
+    policy = EngineOptions.parse(f"tile_by_shape={value}").kernels
+    shapes = ((1, 34816, 5120), (8, 34816, 5120), (16, 34816, 5120), (17, 34816, 5120), (1, 5120, 17408),
+              (16, 5120, 17408), (8, 5120, 6144), (16, 5120, 6144), (1, 34816, 4096), (16, 14336, 5120))
+    tile = [table.tile_config(m, n, k, policy) == table.config_for(m, table.TILE) for m, n, k in shapes]
+    sizes = [table.tile_config(1, 34816, 5120, policy).warps, table.tile_config(16, 5120, 6144, policy).warpgroups]
+    if value == "1":
+        assert tile == [False, False, False, True, False, True, True, False, True, True] and sizes == [8, 2]
+        assert tile == [table.tile_config(m, n, k) == table.config_for(m, table.TILE) for m, n, k in shapes]
     else:
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == ["True"] * 10 + ["4", "1"]
+        assert tile == [True] * 10 and sizes == [4, 1]
 
 
-@pytest.mark.parametrize("var,attr,hi", [("REGATE_GEMM_PREFETCH_AHEAD", "PREFETCH_AHEAD", 16)])
+@pytest.mark.parametrize("key,hi", [("gemm_prefetch_ahead", 16)])
 @pytest.mark.parametrize("value", ["0", "2", "hi", "1", "hi+1"])
-def test_loop_switches_take_0_or_2_to_their_cap(var, attr, hi, value):
-    """REGATE_GEMM_PREFETCH_AHEAD (kernels/tile_gemm.py): 0 turns it off; 1 is refused by name (a
+def test_loop_switches_take_0_or_2_to_their_cap(key, hi, value):
+    """The option gemm_prefetch_ahead (kernels/tile_gemm.py): 0 turns it off; 1 is refused by name (a
     prefetch 1 ahead is what the registers already load), as is more than the cap (16 groups ahead)."""
-    import os
-    import subprocess
-    import sys
+    from engine.options import EngineOptions
 
     value = {"hi": str(hi), "hi+1": str(hi + 1)}.get(value, value)
-    run = subprocess.run([sys.executable, "-c", f"from kernels import tile_gemm; print(tile_gemm.{attr})"],
-                         capture_output=True, text=True, env={**os.environ, var: value})
     if value in ("0", "2", str(hi)):
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split() == [value]
+        assert getattr(EngineOptions.parse(f"{key}={value}").kernels, key) == int(value)
     else:
-        assert run.returncode != 0
-        assert f"{var}: expected 0 (off) or 2..{hi} K groups, found {value}" in run.stderr
+        with pytest.raises(ValueError, match=f"option {key}: expected 0 \\(off\\) or 2..{hi} K groups, found {value}"):
+            EngineOptions.parse(f"{key}={value}")

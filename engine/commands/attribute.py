@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 
+from engine.commands.option_flag import engine_options, option_flag
 from engine.errors import CapacityError, CheckpointError
 from engine.linear import HEAD_ARMS
 
@@ -53,7 +54,9 @@ def check_options(backend: str, lm_head: str, batch: int, prompt_len: int, iters
 
 
 def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int, int], batch: int,
-                  prompt_len: int, iters: int, warmup: int, seed: int, eager: bool, threads: int = 0) -> dict:
+                  prompt_len: int, iters: int, warmup: int, seed: int, eager: bool, threads: int = 0,
+                  options=None) -> dict:
+    """`options`: EngineOptions for every arm's engine (None: the defaults); the record carries them."""
     import torch
 
     from engine import ablate
@@ -70,8 +73,10 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
         # every prompt in one prefill: the measured window is one uninterrupted run of decode steps
         eng = Engine(model, backend=backend, lm_head=arm, max_num_seqs=batch, max_model_len=prompt_len + lengths[1],
                      max_num_batched_tokens=max(batch * prompt_len, prompt_len + lengths[1], 2048),
-                     cuda_graphs=False if eager or backend == "cpu" else None, allow_ablation=True)
+                     cuda_graphs=False if eager or backend == "cpu" else None, allow_ablation=True,
+                     options=options)
         ablated = ablate.label(eng.ablation) or None  # engine/ablate.py: timing only
+        ran_under = eng.options.to_json()
         prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
         records[arm] = attribute_arm(eng, prompts, lengths, iters, warmup)
         del eng  # the next arm loads into the memory this one held
@@ -82,8 +87,9 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
     for r in records.values():
         r["box_read_gb_s"] = bandwidth["gb_s"]
         r["bandwidth_share"] = r["achieved_gb_s"] / bandwidth["gb_s"] if r["achieved_gb_s"] else None
-    has_gemm, why = fp4_gemm_status(backend)
+    has_gemm, why = fp4_gemm_status(backend, ran_under["fp4_gemm"])
     out = {"schema_version": SCHEMA_VERSION, "kind": "attribution", "bandwidth": bandwidth, "ablated": ablated,
+           "options": ran_under,
            "params": {"model": str(model), "backend": backend, "arms": arms, "lengths": list(lengths),
                       "batch": batch, "prompt_len": prompt_len, "iters": iters, "warmup": warmup, "seed": seed,
                       "eager": eager, "fp4_gemm": has_gemm, "fp4_gemm_reason": why,
@@ -142,7 +148,7 @@ def print_arm(r: dict, out) -> None:
 
 def print_table(result: dict, out) -> None:
     if result.get("ablated"):
-        print(f"ABLATED (REGATE_ABLATE={result['ablated']}): timing only, the tokens are wrong", file=out)
+        print(f"ABLATED (option ablate={result['ablated']}): timing only, the tokens are wrong", file=out)
     arms = result.get("arms") or {result["arm"]: result}
     for r in arms.values():
         print_arm(r, out)
@@ -173,12 +179,14 @@ def attribute_cmd(
     threads: int = typer.Option(0, "--threads", help="cpu: torch threads (0: torch's default). One thread "
                                 "keeps a shared box's other load from stalling every op."),
     as_json: bool = typer.Option(False, "--json", help="Table to stderr, one JSON line to stdout."),
+    option: list[str] = option_flag(),
 ) -> None:
     try:
         span = parse_lengths(lengths)
         check_options(backend, lm_head, batch, prompt_len, iters, warmup, threads)
         arms = list(HEAD_ARMS) if compare else [lm_head]
-        result = run_attribute(model, backend, arms, span, batch, prompt_len, iters, warmup, seed, eager, threads)
+        result = run_attribute(model, backend, arms, span, batch, prompt_len, iters, warmup, seed, eager, threads,
+                               engine_options(option))
     except (CheckpointError, CapacityError, ValueError, RuntimeError) as e:
         typer.echo(f"attribute: {e}", err=True)
         raise typer.Exit(2)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import typer
 
+from engine.commands.option_flag import engine_options, option_flag
 from engine.errors import CapacityError, CheckpointError
 
 SCHEMA_VERSION = 1
@@ -75,8 +76,8 @@ def collect_meta(backend: str) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    # Every engine and kernel switch set in the environment (REGATE_*): the raw JSON of an A/B says which
-    # variant it is, on its own.
+    # The REGATE_* variables set in the environment (infrastructure only: the cache, synthesis threads;
+    # the engine's switches are its options, the record's "options").
     switches = {k: v for k, v in sorted(os.environ.items()) if k.startswith("REGATE_")}
     meta = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
             "triton": triton_version, "gpu": None, "driver": None, "switches": switches,
@@ -100,7 +101,8 @@ def since_process_start() -> float | None:
 
 
 def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: int, gen_len: int, iters: int,
-              warmup: int, seed: int, one_off: bool = False) -> dict:
+              warmup: int, seed: int, one_off: bool = False, options=None) -> dict:
+    """`options`: EngineOptions (None: the defaults); the record carries them, flat, as "options"."""
     started, t = since_process_start(), time.perf_counter()
     phases: dict[str, float | None] = {"start": None if started is None else round(started, 3)}
 
@@ -127,9 +129,9 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         raise ValueError(f"--one-off-prompts shortens each run's prompts by a token: prompt-len {prompt_len} must "
                          f"be >= warmup + iters = {warmup + iters}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
-                 max_model_len=prompt_len + gen_len, allow_ablation=True)  # a REGATE_ABLATE record says so
+                 max_model_len=prompt_len + gen_len, allow_ablation=True, options=options)  # an ablated record says so
     lap("load")
-    has_gemm, why = fp4_gemm_status(backend)
+    has_gemm, why = fp4_gemm_status(backend, eng.options.fp4_gemm)
     on_gemm = head_on_fp4_gemm(eng.model)
     if backend == "cuda" and lm_head == "packed" and not on_gemm:
         raise RuntimeError(f"the packed arm on cuda would run its lm_head on a BF16 operand (no fp4 GEMM: "
@@ -164,6 +166,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "floor": floor,
         "phases_s": phases,
         "ablated": ablate.label(eng.ablation) or None,  # engine/ablate.py: timing only, its tokens are wrong
+        "options": eng.options.to_json(),  # every engine and kernel switch this leg ran under (engine/options.py)
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
                    "one_off_prompts": one_off,
@@ -178,7 +181,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
 def print_table(r: dict, out) -> None:
     p = r["params"]
     if r.get("ablated"):
-        print(f"ABLATED (REGATE_ABLATE={r['ablated']}): timing only, the tokens are wrong", file=out)
+        print(f"ABLATED (option ablate={r['ablated']}): timing only, the tokens are wrong", file=out)
     print(f"bench {p['backend']}/{p['lm_head']}  batch {p['batch']}  prompt {p['prompt_len']}  gen {p['gen_len']}",
           file=out)
     for i, v in enumerate(r["decode_tok_s_iters"]):
@@ -209,9 +212,11 @@ def bench_cmd(
                                  help="New prompts each run, a token shorter than the last run's (no prefill "
                                       "shape repeats)."),
     as_json: bool = typer.Option(False, "--json", help="Table to stderr, one JSON line to stdout."),
+    option: list[str] = option_flag(),
 ) -> None:
     try:
-        result = run_bench(model, backend, lm_head, batch, prompt_len, gen_len, iters, warmup, seed, one_off)
+        result = run_bench(model, backend, lm_head, batch, prompt_len, gen_len, iters, warmup, seed, one_off,
+                           engine_options(option))
     except (CheckpointError, CapacityError, ValueError, RuntimeError) as e:
         typer.echo(f"bench: {e}", err=True)
         raise typer.Exit(2)

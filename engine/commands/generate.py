@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from engine.commands.option_flag import engine_options, option_flag
 from engine.errors import CapacityError, CheckpointError
 
 
@@ -26,12 +27,13 @@ def generate_cmd(
     lm_head: str = typer.Option("packed", "--lm-head", help="packed | dequant"),
     backend: str = typer.Option("cpu", help="cpu | cuda"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line."),
+    option: list[str] = option_flag(),
 ) -> None:
     from engine.engine import Engine
 
     try:
         prompts = [parse_ids(p) for p in prompt_ids]
-        eng = Engine(model, backend=backend, lm_head=lm_head)
+        eng = Engine(model, backend=backend, lm_head=lm_head, options=engine_options(option))
         out = eng.generate(prompts, max_new)
     except (CheckpointError, CapacityError, ValueError, RuntimeError) as e:
         typer.echo(f"generate: {e}", err=True)

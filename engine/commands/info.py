@@ -8,14 +8,15 @@ from pathlib import Path
 import typer
 
 from engine.backends import fp4_gemm_status
+from engine.commands.option_flag import engine_options, option_flag
 from engine.errors import CheckpointError
 
 
-def engine_report(model_dir: Path, backend: str, lm_head: str) -> dict:
+def engine_report(model_dir: Path, backend: str, lm_head: str, options=None) -> dict:
     from engine.engine import Engine
 
-    eng = Engine(model_dir, backend=backend, lm_head=lm_head)
-    has_gemm, why = fp4_gemm_status(backend)
+    eng = Engine(model_dir, backend=backend, lm_head=lm_head, options=options)
+    has_gemm, why = fp4_gemm_status(backend, eng.options.fp4_gemm)
     res = eng.residency()
     res.update(backend=backend, arm=lm_head, fp4_gemm=has_gemm, fp4_gemm_reason=why)
     return {"config": eng.config, "naming": eng.naming, "head_kind": eng.head_kind, "census": eng.census(),
@@ -50,9 +51,10 @@ def info_cmd(
     backend: str = typer.Option("cpu", help="cpu | cuda"),
     lm_head: str = typer.Option("packed", "--lm-head", help="packed | dequant"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line."),
+    option: list[str] = option_flag(),
 ) -> None:
     try:
-        report = engine_report(model, backend, lm_head)
+        report = engine_report(model, backend, lm_head, engine_options(option))
     except (CheckpointError, ValueError, RuntimeError) as e:
         typer.echo(f"info: {e}", err=True)
         raise typer.Exit(2)

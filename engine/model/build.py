@@ -20,19 +20,19 @@ from engine.model.mlp import Mlp
 from engine.model.norm import RMSNorm
 from engine.model.qwen3_5 import DecoderLayer, Qwen3_5Model
 from engine.model.rope import Rope
-from engine.nvfp4 import w4a4_enabled
+from engine.options import DEFAULT, EngineOptions
 
 
 class _Builder:
-    def __init__(self, ckpt, backend: str, ablation: dict[str, str]):
+    def __init__(self, ckpt, backend: str, ablation: dict[str, str], options: EngineOptions):
         self.ckpt, self.cfg = ckpt, ModelConfig.from_dict(ckpt.config)
         self.device, self.dtype = device_for(backend), compute_dtype(backend)
         # engine/ablate.py: the tower's and the head's GEMM launches, and the fused kernels, as the
         # ablation (timing only) asks; the real ones where it names nothing.
-        real = fp4_gemm_for(backend)
+        real = fp4_gemm_for(backend, options.kernels) if options.fp4_gemm else None
         self.gemm, self.head_gemm = ablate.gemm(real, ablation, "tower"), ablate.gemm(real, ablation, "lm_head")
-        self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or w4a4_enabled()
-        self.fused = ablate.fused(fused_kernels(self.device), ablation)
+        self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or options.nvfp4_w4a4
+        self.fused = ablate.fused(fused_kernels(self.device, options), ablation)
 
     def linear(self, name: str, into_norm: bool = False):
         """`into_norm`: the output goes straight into the fused residual add + RMSNorm, which may
@@ -87,9 +87,11 @@ class _Builder:
         return load_head(self.ckpt.linears["lm_head"].to(self.device), arm, self.head_gemm).to(self.device)
 
 
-def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | None = None) -> Qwen3_5Model:
-    """`ablation`: engine/ablate.py's {part: mode} (the Engine checks it may build one)."""
-    b, c = _Builder(ckpt, backend, ablation or {}), ModelConfig.from_dict(ckpt.config)
+def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | None = None,
+                options: EngineOptions = DEFAULT) -> Qwen3_5Model:
+    """`ablation`: engine/ablate.py's {part: mode} (the Engine checks it may build one); `options`:
+    the engine's switches (engine/options.py), passed down to the fused kernels and the fp4 GEMM."""
+    b, c = _Builder(ckpt, backend, ablation or {}, options), ModelConfig.from_dict(ckpt.config)
     embed = b.tensor("embed_tokens.weight", ckpt.tensors.get("embed_tokens.weight", torch.empty(0)).dtype)
     counters = {"full_attention": 0, "linear_attention": 0}
     layers = []
@@ -99,18 +101,19 @@ def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | Non
     rope = Rope(c.head_dim, c.partial_rotary_factor, c.rope_theta, b.device)
     head = b.head(lm_head, embed)
     if ablation and "lm_head" in ablation and not (isinstance(head, Nvfp4Linear) and head.gemm is not None):
-        raise AblationError(f"{ablate.ENV}={ablate.label(ablation)}: the {lm_head} arm's head does not run on the "
+        raise AblationError(f"{ablate.NAME}={ablate.label(ablation)}: the {lm_head} arm's head does not run on the "
                             "fp4 GEMM here, so there is no launch of it to ablate")
     return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), head, rope, b.dtype, fused=b.fused)
 
 
-def prepare_model(model: Qwen3_5Model) -> None:
+def prepare_model(model: Qwen3_5Model, options: EngineOptions = DEFAULT) -> None:
     """Once after load: each Linear's backend preparation (GEMM repack, or the head's one operand),
-    then the projections of one input merged into one operand where the backend can."""
+    then the projections of one input merged into one operand where the backend can (and the option
+    merge_projections allows)."""
     from engine.projections import Projections
     from engine.residency import iter_instances, iter_linears
 
     for lin in iter_linears(model):
         prepare_linear(lin)
     for group in iter_instances(model, Projections):
-        group.prepare()
+        group.prepare(options.merge_projections)

@@ -3,7 +3,7 @@
 - packed arm: the head stays NVFP4 and, on a backend without an fp4 GEMM (cpu), holds its packed bytes
   plus ONE BF16 operand built at prepare (not per forward call); the dequant arm holds only BF16.
   The byte counts the engine reports equal the arithmetic from N and K.
-- W4A16 is the default under both namings; W4A4 only with REGATE_NVFP4_W4A4=1, never for the head.
+- W4A16 is the default under both namings; W4A4 only with the engine option nvfp4_w4a4, never for the head.
 - a compressed-tensors head (`lm_head.weight_packed`) is an NVFP4 head, not a tied one.
 - residency: load a fully NVFP4 checkpoint with both layer types under both namings through the real
   loader, run forwards, then sweep EVERY Nvfp4Weight the engine owns (a walk over its fields, not
@@ -23,10 +23,10 @@ import torch
 from engine.engine import Engine
 from engine.loader import load_checkpoint
 from engine.nvfp4 import Nvfp4Weight
+from engine.options import EngineOptions
 from gates.suites.support import (LOGIT_TOL, NAMINGS, PROMPTS, checkpoint, layer_type_of, live_float_tensors,
                                   nvfp4_weights, oracle_logits, build_oracle, walk)
 
-W4A4_ENV = "REGATE_NVFP4_W4A4"
 PROMPT = list(PROMPTS[-1])
 # Per layer of a fully NVFP4 tiny checkpoint: q/k/v/o + gate/up/down; in_proj_qkv/z/b/a + out_proj + MLP.
 PER_LAYER = {"full_attention": 7, "linear_attention": 8}
@@ -79,8 +79,7 @@ def test_dequant_arm_holds_only_bf16(check, naming):
 
 
 @pytest.mark.parametrize("naming", NAMINGS)
-def test_w4a16_by_default(check, naming, monkeypatch):
-    monkeypatch.delenv(W4A4_ENV, raising=False)
+def test_w4a16_by_default(check, naming):
     eng = Engine(checkpoint(naming), backend="cpu", lm_head="packed")
     lins = nvfp4_linears(eng)
     types = eng.config["layer_types"]
@@ -96,10 +95,9 @@ def test_w4a16_by_default(check, naming, monkeypatch):
 
 
 @pytest.mark.parametrize("naming", NAMINGS)
-def test_w4a4_only_with_the_opt_in(check, naming, monkeypatch):
+def test_w4a4_only_with_the_opt_in(check, naming):
     base = Engine(checkpoint(naming), backend="cpu", lm_head="packed").score(PROMPT)
-    monkeypatch.setenv(W4A4_ENV, "1")
-    eng = Engine(checkpoint(naming), backend="cpu", lm_head="packed")
+    eng = Engine(checkpoint(naming), backend="cpu", lm_head="packed", options=EngineOptions(nvfp4_w4a4=True))
     for lin in nvfp4_linears(eng):
         want = lin.weight.name != "lm_head"  # the synthesized tower carries input scales; the head never W4A4
         check(getattr(lin, "w4a4", None) is want, f"{lin.weight.name}: w4a4 should be {want} with the opt-in")

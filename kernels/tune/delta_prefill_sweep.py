@@ -20,6 +20,7 @@ import json
 import torch
 
 from kernels import gdn_prefill
+from kernels.policy import DEFAULT
 from kernels.tune.bench import copies_for, environment, sweep_cli
 from kernels.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
 
@@ -77,7 +78,7 @@ def sweep(bsz: int, tokens: int, show=None) -> list[dict]:
         rows.append({"batch": bsz, "tokens": tokens, "chunk": chunk, "block_v": bv, "precision": precision,
                      "warps": warps, "us": us, "max_ulps": float(ulps.max()), "mean_ulps": float(ulps.mean()),
                      "state_rel_err": state_err, "agrees": agrees,
-                     "engine": (chunk, bv, warps) == (gdn_prefill.CHUNK, gdn_prefill.BLOCK_V, gdn_prefill.WARPS)})
+                     "engine": (chunk, bv, warps) == (DEFAULT.delta_prefill_chunk, gdn_prefill.BLOCK_V, gdn_prefill.WARPS)})
         if show is not None:
             show(rows[-1])
     return rows

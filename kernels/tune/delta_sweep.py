@@ -4,7 +4,7 @@ kernels/gdn_decode.delta_step at the 27b Gated DeltaNet shape (16 key heads, 48 
 dim 128) for every split of a head's DV columns over programs (`nv`) and warps per program, each
 checked against one program of 8 warps per head (states within FP32 reordering, outputs within 2
 BF16 ulps) before it is timed as CUDA-graph replays with the state slots rotated past L2 (as 48
-layers of decoding rotate them). The rule the engine uses (`programs_per_head`, REGATE_DELTA_TARGET)
+layers of decoding rotate them). The rule the engine uses (`programs_per_head`, the option delta_target)
 is marked. Beside each time, the floor: every state byte read once and written once at the read
 bandwidth this command measures. Prints a table, then one JSON line. Tuning code: no product module
 imports it.

@@ -11,7 +11,7 @@ size can, and what is left is between kernels (overlap), not inside one. Where t
 L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that stays in L2 (`*_l2_ms`):
 if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
 kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
-also times the GEMM (past L2) with each REGATE_GEMM_PREFETCH_AHEAD (K groups kept requested into L2
+also times the GEMM (past L2) with each gemm_prefetch_ahead (K groups kept requested into L2
 ahead of the loop; 0 is the default kernel). Where K is split at M=1 the GEMM's
 time includes the reduce kernel; `gemm_unsummed_ms` is the same launch with its partials left
 unsummed, as the engine leaves o_proj's, out_proj's and down's to add_rms_norm. Prints a table, then one JSON line. Tuning code: no product module imports it.
@@ -25,6 +25,7 @@ import json
 import torch
 from kernels import table
 from kernels import tile_gemm as tg
+from kernels.policy import KernelPolicy
 from kernels.plain_read import read, xor_reference
 from kernels.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
 from kernels.tune.split_sweep import SHAPES, operands, packed_bytes
@@ -49,7 +50,7 @@ def time_reads(nbytes: int) -> dict:
     return {"read_ms": best[0], "read_config": best[1], "torch_sum_ms": median_ms(lambda: next(fbufs).sum())}
 
 
-def time_gemm(name: str, in_l2: bool = False, unsummed: bool = False) -> float:
+def time_gemm(name: str, in_l2: bool = False, unsummed: bool = False, policy: KernelPolicy = KernelPolicy()) -> float:
     """The tile GEMM at M=1 on copies rotated past L2, or (`in_l2`) on one copy replayed from L2.
     `unsummed`: a split-K launch leaves its partials unsummed (defer_sum, no reduce kernel), as the
     engine's o_proj, out_proj and down leave theirs to add_rms_norm."""
@@ -61,7 +62,8 @@ def time_gemm(name: str, in_l2: bool = False, unsummed: bool = False) -> float:
     y = None if unsummed else torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     cfg = table.tile_config(1, n, k)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms, defer_sum=unsummed))
+    return median_ms(lambda: tg.tile_gemm(x, next(ops)[0], 1e-3, config=cfg, out=y, sms=sms, defer_sum=unsummed,
+                                           policy=policy))
 
 
 def splits_at_m1(name: str, sms: int) -> int:
@@ -73,16 +75,8 @@ def splits_at_m1(name: str, sms: int) -> int:
 
 
 def time_switch(name: str, switch: str, values: list[int]) -> dict[int, float]:
-    """The tile GEMM at M=1 past L2 at each value of kernels.tile_gemm's `switch` (PREFETCH_AHEAD), set
-    for the call and put back after it."""
-    saved, out = getattr(tg, switch), {}
-    try:
-        for v in values:
-            setattr(tg, switch, v)
-            out[v] = time_gemm(name)
-    finally:
-        setattr(tg, switch, saved)
-    return out
+    """The tile GEMM at M=1 past L2 at each value of KernelPolicy's `switch` (gemm_prefetch_ahead)."""
+    return {v: time_gemm(name, policy=KernelPolicy(**{switch: v})) for v in values}
 
 
 def values_arg(ap: argparse.ArgumentParser, flag: str, text: str, lo: int, hi: int) -> list[int]:
@@ -97,7 +91,7 @@ def values_arg(ap: argparse.ArgumentParser, flag: str, text: str, lo: int, hi: i
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--ahead", default="", help="comma-separated PREFETCH_AHEAD values to time the GEMM at")
+    ap.add_argument("--ahead", default="", help="comma-separated gemm_prefetch_ahead values to time the GEMM at")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)
     aheads = values_arg(ap, "--ahead", a.ahead, 2, 16)
@@ -117,7 +111,7 @@ def main(argv=None) -> None:
             r["read_l2_ms"] = median_ms(lambda: read(x, cfg["block"], cfg["loads"], cfg["warps"]))
             r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
         if aheads:
-            r["gemm_ahead_ms"] = time_switch(name, "PREFETCH_AHEAD", aheads)
+            r["gemm_ahead_ms"] = time_switch(name, "gemm_prefetch_ahead", aheads)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:

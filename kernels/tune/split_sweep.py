@@ -1,7 +1,7 @@
 """How far to split K: `python -m kernels.tune.split_sweep [--ms 1,16] [--waves 2,4,8,16] [--json]`.
 
 Times the CUDA tile GEMM at the 27B engine's own decode shapes (the merged projections of
-engine/projections.py, the head) for each split policy (kernels/tile_gemm.py SPLIT_WAVES),
+engine/projections.py, the head) for each split policy (KernelPolicy.split_waves, kernels/tile_gemm.py),
 one GEMM at a time and as a layer's four GEMMs back to back (the decode order, so launch overlap and
 tails count), on weight copies rotated past L2. Prints a table, then one JSON line. Tuning code: no
 product module imports it.
@@ -15,6 +15,7 @@ import json
 import torch
 
 from kernels import tile_gemm as tg
+from kernels.policy import KernelPolicy
 from kernels.tune.bench import environment, median_ms, random_packed, read_bandwidth_gbps, copies_for
 
 # (N, K) of the GEMMs a 27B decode step runs, merged as the CUDA engine merges them.
@@ -48,21 +49,21 @@ def operands(names, cache: dict) -> itertools.cycle:
 
 
 def time_policy(names, m: int, waves: int, sms: int, cache: dict) -> float:
-    tg.SPLIT_WAVES = waves
+    policy = KernelPolicy(split_waves=waves)
     ops = operands(names, cache)
     xs = [torch.randn(m, SHAPES[s][1], dtype=torch.bfloat16, device="cuda") for s in names]
 
     def run():
         for x, op in zip(xs, next(ops)):
-            tg.tile_gemm(x, op, 1e-3, sms=sms)
+            tg.tile_gemm(x, op, 1e-3, sms=sms, policy=policy)
     return median_ms(run)
 
 
-def splits_of(name: str, m: int, sms: int) -> int:
+def splits_of(name: str, m: int, sms: int, waves: int) -> int:
     from kernels import table
 
     n, k = SHAPES[name]
-    gps = tg.groups_per_split(m, n // 16 * 16, k, table.tile_config(m, n, k), sms)
+    gps = tg.groups_per_split(m, n // 16 * 16, k, table.tile_config(m, n, k), sms, waves)
     return -(-(k // 256) // gps)
 
 
@@ -83,9 +84,8 @@ def main(argv=None) -> None:
         for m in map(int, a.ms.split(",")):
             for waves in policies:
                 ms = time_policy(names, m, waves, sms, cache)
-                tg.SPLIT_WAVES = waves
                 rows.append({"shape": name, "m": m, "waves": waves, "ms": ms, "floor_ms": floor_ms,
-                             "of_floor": floor_ms / ms, "splits": [splits_of(s, m, sms) for s in names]})
+                             "of_floor": floor_ms / ms, "splits": [splits_of(s, m, sms, waves) for s in names]})
                 if not a.json:
                     r = rows[-1]
                     print(f"{name:<13}{m:>4}{waves:>4}{ms * 1e3:>9.1f} us"

@@ -1,0 +1,99 @@
+"""engine/options.py: EngineOptions' defaults are the engine as it ran before options (issue 51),
+its parsing names the field and what it takes, and its JSON, digest and changed() are canonical."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from engine.options import EngineOptions
+from kernels.policy import KernelPolicy
+
+# The defaults the REGATE_* variables had (unset) before they became options: a change here changes
+# what a default engine runs, so it must be deliberate.
+BEFORE = {"ablate": "", "decode_ahead": True, "delta_prefill_chunk": 0, "delta_split": True, "delta_target": 1024,
+          "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True, "fused_sample": True,
+          "gemm_early_weights": 1, "gemm_prefetch_ahead": 0, "merge_projections": True, "nvfp4_w4a4": False,
+          "pdl": True, "prefill_attention": False, "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
+          "split_sum_in_norm": True, "split_waves": 2, "tile_by_shape": True, "tile_gemm": True}
+
+
+def test_the_defaults_are_the_engine_before_options():
+    assert EngineOptions().to_json() == BEFORE
+    assert list(EngineOptions().to_json()) == sorted(BEFORE)  # flat and sorted
+    assert EngineOptions().changed() == {}
+
+
+def test_every_kernel_defaults_to_the_policy_the_engine_passes():
+    """A kernel called without a policy (tests, tuning scripts) runs KernelPolicy's defaults."""
+    from kernels import (attention_prep, decode_norm, gdn_decode, gdn_prefill, merge, nvfp4_gemm, paged_attention,
+                         paged_prefill, pdl, plain_read, sample, table, tile_gemm)
+    fns = (attention_prep.attention_prep, decode_norm.rms_norm, decode_norm.add_rms_norm, decode_norm.silu_mul,
+           gdn_decode.conv_step, gdn_decode.delta_step, gdn_decode.programs_per_head, gdn_prefill.delta_prefill,
+           merge.matmul_merged, nvfp4_gemm.prepare, nvfp4_gemm.matmul, nvfp4_gemm.matmul_split, nvfp4_gemm.merge,
+           nvfp4_gemm.matmul_merged, paged_attention.paged_decode_gated, paged_prefill.paged_prefill_gated,
+           pdl.launch_options, plain_read.empty_launch, plain_read.read_pair, sample.greedy_topk, table.tile_config,
+           table.dequant_from, tile_gemm.tile_gemm, tile_gemm.early_groups)
+    for fn in fns:
+        assert inspect.signature(fn).parameters["policy"].default == KernelPolicy(), fn.__qualname__
+    assert inspect.signature(tile_gemm.groups_per_split).parameters["waves"].default == KernelPolicy().split_waves
+
+
+def test_parse_and_from_mapping_agree_and_canonicalize():
+    a = EngineOptions.parse(["fused_sample=off", "split_waves=4", "prefill_warm=128,256", "ablate=norm:free+tower"])
+    b = EngineOptions.from_mapping({"fused_sample": False, "split_waves": 4, "prefill_warm": [128, 256],
+                                    "ablate": "norm+tower"})
+    assert a == b and a.digest() == b.digest() != EngineOptions().digest()
+    assert a.changed() == {"ablate": "norm+tower", "fused_sample": False, "prefill_warm": [128, 256], "split_waves": 4}
+    assert EngineOptions.parse("dequant_min_m=none") == EngineOptions()
+    assert EngineOptions.parse("dequant_min_m=0").kernels.dequant_min_m == 0
+
+
+@pytest.mark.parametrize("pairs, match", [
+    (["warp_speed=1"], "option warp_speed: unknown; expected one of ablate, "),
+    (["split_waves"], "option 'split_waves': expected KEY=VALUE"),
+    (["pdl=1", "pdl=0"], "option pdl: given twice"),
+    (["fused_sample=maybe"], r"option fused_sample: expected a boolean \(1/0, true/false, on/off\), found 'maybe'"),
+    (["prefill_graphs=many"], "option prefill_graphs: expected an integer, found 'many'"),
+    (["prefill_bucket=-1"], "option prefill_bucket: expected a count >= 0, found -1"),
+    (["split_waves=0"], "option split_waves: expected a count of waves >= 1, found 0"),
+    (["gemm_early_weights=3"], "option gemm_early_weights: expected 0, 1 or 2 K groups, found 3"),
+    (["gemm_prefetch_ahead=1"], r"option gemm_prefetch_ahead: expected 0 \(off\) or 2..16 K groups, found 1"),
+    (["delta_target=0"], "option delta_target: expected a positive number of programs, found 0"),
+    (["delta_prefill_chunk=8"], "option delta_prefill_chunk: expected 0, 16 or 32, found 8"),
+    (["dequant_min_m=-2"], "option dequant_min_m: expected None or an M >= 0, found -2"),
+    (["prefill_warm=0"], r"option prefill_warm: expected prompt lengths > 0, found \[0\]"),
+    (["ablate=bogus"], "option ablate: unknown part 'bogus'"),
+])
+def test_bad_input_names_the_field_and_what_it_takes(pairs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineOptions.parse(pairs)
+
+
+def test_from_mapping_refuses_a_wrong_type():
+    with pytest.raises(ValueError, match=r"option split_waves: expected an integer, found \[2\]"):
+        EngineOptions.from_mapping({"split_waves": [2]})
+    with pytest.raises(ValueError, match="option ablate: expected a string, found 1"):
+        EngineOptions.from_mapping({"ablate": 1})
+    with pytest.raises(ValueError, match="option pdl: expected a boolean"):
+        EngineOptions.from_mapping({"pdl": 2})
+
+
+def test_the_bench_cli_takes_options_and_records_them(tmp_path):
+    """`engine bench --option`: the JSON line's "options" is the engine's, flat; a bad one exits 2 naming it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from engine.cli import _register_all, app
+    from engine_oracle import tiny
+
+    if not app.registered_commands:
+        _register_all()
+    base = ["bench", "--model", str(tiny()), "--gen-len", "3", "--iters", "1", "--warmup", "0", "--json"]
+    res = CliRunner().invoke(app, base + ["--option", "decode_ahead=0", "--option", "merge_projections=0"])
+    assert res.exit_code == 0, res.output
+    line = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+    assert line["options"] == {**BEFORE, "decode_ahead": False, "merge_projections": False}
+    bad = CliRunner().invoke(app, base + ["--option", "decode_ahead=sometimes"])
+    assert bad.exit_code == 2 and "bench: option decode_ahead: expected a boolean" in bad.output
