@@ -99,23 +99,30 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
     return record
 
 
-def check_options(record: dict, arm: Arm, where: str) -> None:
-    """Refuse a leg whose bench ran under other engine options than the arm's on top of the defaults
-    (engine/options.py): a leg's number is only the arm's if the engine ran as the arm says. A bench
-    without "options" (a revision from before them) is taken only for an arm that sets none; a key
-    this checkout does not know (a newer revision's option) is not judged."""
+def check_options(record: dict, arm: Arm, where: str, first: dict | None = None) -> None:
+    """Refuse a leg whose bench did not run as its arm says: each option the arm sets must be what the
+    bench reports (normalized by engine/options.py), and every leg of an arm must report the same
+    options as its first (`first`: that leg's bench line), so an arm's legs measure one engine. The
+    options an arm leaves alone are the tree's own defaults, which a head may change (that is a change
+    to compare, not a leak: the environment no longer sets any). A bench without "options" (a revision
+    from before them) is taken only for an arm that sets none."""
     ran = record.get("options")
-    want = arm.engine_options().to_json()
     if ran is None:
         if arm.options:
             raise GridError(f"{where}: the bench reported no options, the arm sets {dict(arm.options)}")
-        return
-    if not isinstance(ran, dict):
+    elif not isinstance(ran, dict):
         raise GridError(f"{where}: bench JSON options: expected an object, found {ran!r}")
-    for key in sorted(set(want) & set(ran) | {k for k, _ in arm.options}):
-        if ran.get(key) != want[key]:
-            raise GridError(f"{where}: the bench ran with option {key}={ran.get(key)!r}, the arm expects "
-                            f"{want[key]!r} (its options on top of the defaults)")
+    else:
+        want = arm.engine_options().to_json()
+        for key, _ in arm.options:
+            if key not in ran or ran[key] != want[key]:
+                raise GridError(f"{where}: the bench ran with option {key}={ran.get(key, '(unknown)')!r}, "
+                                f"the arm sets {want[key]!r}")
+    if first is not None and first.get("options") != ran:
+        before = first.get("options") or {}
+        moved = sorted(k for k in set(before) | set(ran or {}) if before.get(k) != (ran or {}).get(k))
+        raise GridError(f"{where}: the bench ran under other options than the arm's first leg "
+                        f"({', '.join(f'{k}: {before.get(k)!r} then {(ran or {}).get(k)!r}' for k in moved) or 'none reported'})")
 
 
 def _tail(text: str | bytes | None) -> str:
@@ -222,7 +229,8 @@ def _run_leg(spec: GridSpec, runs: Mapping[str, Run], index: int, record: dict, 
         where = f"grid {spec.name}: cell {index} ({cell.label}), arm {arm.name}, leg {leg + 1}"
         started = time.perf_counter()
         got = run_bench(runs[arm.name], bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
-        check_options(got, arm, where)
+        done = record["arms"][arm.name]["raw"]
+        check_options(got, arm, where, done[0] if done else None)
         record["arms"][arm.name]["legs"].append(float(got["decode_tok_s"]))
         record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))

@@ -273,8 +273,9 @@ def _options_spec(options: dict):
 
 
 def test_a_leg_whose_bench_ran_other_options_is_refused_naming_the_field():
-    """After each leg the bench's "options" must be the arm's on top of the defaults: the differing
-    field is named with grid, cell, arm and leg; a bench that reports none passes only an arm that sets none."""
+    """After each leg the bench's "options" must hold what the arm sets, and equal the arm's first leg's
+    (the rest are the tree's own defaults, which a head may change); the differing field is named with
+    grid, cell, arm and leg; a bench that reports none passes only an arm that sets none."""
     from engine.options import EngineOptions
     from grids.runner import check_options
 
@@ -282,17 +283,39 @@ def test_a_leg_whose_bench_ran_other_options_is_refused_naming_the_field():
     base, no_pdl = spec.arms
     ran = EngineOptions().with_kernels(pdl=False).to_json()
     check_options({"options": ran}, no_pdl, "w")  # as asked
-    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=False, the arm expects True"):
-        check_options({"options": ran}, base, "w")
-    leaked = {**ran, "fused_sample": False}
-    with pytest.raises(GridError, match=r"option fused_sample=False, the arm expects True"):
-        check_options({"options": leaked}, no_pdl, "w")
+    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=True, the arm sets False"):
+        check_options({"options": EngineOptions().to_json()}, no_pdl, "w")
+    head_default = {**ran, "fused_sample": False}  # a head whose default differs: its own engine, taken
+    check_options({"options": head_default}, no_pdl, "w")
+    with pytest.raises(GridError, match=r"other options than the arm's first leg \(fused_sample: False then True\)"):
+        check_options({"options": ran}, no_pdl, "w", first={"options": head_default})
     check_options({}, base, "w")  # a revision from before options
+    check_options({}, base, "w", first={})
     with pytest.raises(GridError, match=r"the bench reported no options, the arm sets \{'pdl': '0'\}"):
         check_options({}, no_pdl, "w")
-    check_options({"options": {**EngineOptions().to_json(), "a_newer_option": 3}}, base, "w")  # not judged
+    with pytest.raises(GridError, match=r"option pdl='\(unknown\)'"):  # a bench that does not know the option
+        check_options({"options": {"fused_sample": True}}, no_pdl, "w")
 
     def bench(args, timeout_s):  # every leg reports the defaults: the no_pdl arm's option did not take
         return json.dumps({"schema_version": 1, "decode_tok_s": 10.0, "options": EngineOptions().to_json()})
     with pytest.raises(GridError, match=r"grid opts: cell 0 \(.*\), arm no_pdl, leg 1: the bench ran with option pdl"):
+        run_grid(spec, bench=bench, checkpoint=lambda **params: "/ck")
+
+
+def test_an_arm_whose_second_leg_ran_other_options_is_refused():
+    """Every leg of an arm measures one engine: the base arm's second bench reports another option than
+    its first (as a tree whose defaults moved between legs would), and the grid stops naming the leg."""
+    from engine.options import EngineOptions
+
+    spec = _options_spec({"pdl": 0})
+    calls = {"base": 0}
+
+    def bench(args, timeout_s):
+        opts = EngineOptions().with_kernels(pdl="pdl=0" not in args)
+        if "pdl=0" not in args:
+            calls["base"] += 1
+            opts = opts if calls["base"] == 1 else EngineOptions().with_kernels(pdl=True, split_waves=3)
+        return json.dumps({"schema_version": 1, "decode_tok_s": 10.0, "options": opts.to_json()})
+    with pytest.raises(GridError, match=r"arm base, leg 2: the bench ran under other options than the arm's "
+                                        r"first leg \(split_waves: 2 then 3\)"):
         run_grid(spec, bench=bench, checkpoint=lambda **params: "/ck")

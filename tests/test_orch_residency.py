@@ -138,3 +138,22 @@ def test_this_repos_engine_info_agrees_with_the_report_model(cache):
     pairs = {(a, c) for a in ("packed", "dequant") for c in ("head", "tower")}
     assert {(m["arm"], m["class"]) for m in checked} == pairs
     assert all(m["agrees"] for m in checked), checked
+
+
+def test_both_arms_are_read_at_once_and_kept_in_arm_order(tmp_path, monkeypatch):
+    """Each arm's `engine info` is mostly a process's start (torch, a CUDA context): the two run side by
+    side. A barrier both readings must reach together breaks (after 5 s) if they ran one after the other."""
+    import threading
+    both = threading.Barrier(len(tree_residency.ARMS), timeout=5)
+
+    def read_arm(tree, model_dir, params, backend, arm, timeout_s):
+        both.wait()
+        if arm == "dequant":
+            raise tree_residency.ResidencyError("no dequant here")
+        return {"arm": arm, "backend": backend}
+
+    monkeypatch.setattr(tree_residency, "read_arm", read_arm)
+    monkeypatch.setattr(tree_residency.Tree, "checkpoint", lambda self, params, timeout_s: str(tmp_path))
+    readings, skipped = tree_residency.measure(tmp_path, "cpu", None)
+    assert readings == [{"arm": "packed", "backend": "cpu"}]
+    assert skipped == [{"what": "residency (cpu, dequant arm)", "why": "no dequant here"}]

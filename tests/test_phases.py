@@ -84,3 +84,26 @@ def test_a_gate_records_its_phases_and_its_build_directory(tmp_path):
     assert names.index("lock wait") < names.index("build") < names.index("suite fast")
     assert rec.build.cache and rec.build.cache["dir"].startswith(str(tmp_path))
     assert "build dir: cold" in "\n".join(str(t) for t in lines(rec))
+
+
+def test_show_and_the_report_say_which_options_the_legs_ran_under():
+    """One engine per arm (the runner checks); the line says whether the arms ran the same options and,
+    where not, which keys differ (a head that changed a default); benches from before options say so."""
+    from orchestrator.report import options
+    same = {"fused_sample": True, "pdl": True}
+
+    def rec(base, head):
+        cell = {"cell": {"label": "b1"}, "orders": [["base", "head"]],
+                "arms": {"base": {"wall_s": [1.0], "raw": [{"options": base} if base is not None else {}]},
+                         "head": {"wall_s": [1.0], "raw": [{"options": head} if head is not None else {}]}}}
+        return _record(grid={"cells": [cell]})
+    line = options.summary(rec(same, same))
+    assert line.startswith("2 keys, the same in every arm (digest ") and options.digest(same) in line
+    assert options.summary(rec(same, {**same, "pdl": False})) == "the arms differ in pdl (base True, head False)"
+    assert options.summary(rec(None, None)) == "not reported (benches from before engine options)"
+    assert options.summary(rec(None, same)).endswith("; not reported by base")
+    assert options.summary(_record(grid=None)) is None
+    r = rec(same, {**same, "pdl": False})
+    assert "options  the arms differ in pdl" in "\n".join(str(t) for t in lines(r))
+    page = html(r)
+    assert "Engine options" in page and "every option, per arm" in page and "the arms differ in pdl" in page

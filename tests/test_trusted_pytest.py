@@ -136,6 +136,14 @@ def test_an_installed_pytest11_entry_point_is_not_loaded(tmp_path, monkeypatch):
     assert rec.state == "RED" and (rec.tests_passed, rec.checks_total) == (0, 1), rec.reasons
 
 
+def test_no_former_engine_switch_reaches_a_head():
+    """An older revision (a compare's base) still reads its switches from the environment: none passes,
+    so a head's processes compute what its tree and options say, whatever the box's shell holds."""
+    got = allowed_env({"REGATE_FUSED_DECODE": "0", "REGATE_PDL": "0", "REGATE_ABLATE": "tower",
+                       "REGATE_CACHE": "/c", "REGATE_SYNTH_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": "0"})
+    assert got == {"REGATE_CACHE": "/c", "REGATE_SYNTH_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": "0"}
+
+
 def test_the_box_environment_names_no_plugin(tmp_path, monkeypatch):
     assert allowed_env({"PYTEST_PLUGINS": "a", "PYTEST_ADDOPTS": "-p a", "PYTHONSTARTUP": "s.py",
                         "PYTHONPATH": "x", ENV_OUT: "o"}) == {}

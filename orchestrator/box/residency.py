@@ -1,6 +1,6 @@
 """The residency step of a gate job: the head's own `engine info` in its fresh tree, once per lm_head arm.
 
-Runs on the box, under its lock, after the build and before the suites: `python -m engine.cli info
+Runs on the box, under its lock, after the build and before the suites, both arms at once: `python -m engine.cli info
 --model DIR --backend <box backend> --lm-head {packed,dequant} --json`, each a process group of the
 tree (`tree.Tree.run`, PYTHONPATH = tree first) with a short timeout. DIR is the checkpoint the gate
 measures: the first cell's of the grid when one runs (resolved as the grid runner resolves it, through the
@@ -12,6 +12,7 @@ evidence, not a gate: anything that fails here is a `not_run` entry with its rea
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator.box.grid import GridJobError, spec_path
@@ -54,10 +55,14 @@ def measure(tree: Tree | Path, backend: str, grid: str | None, info_timeout_s: f
         model_dir = tree.checkpoint(params, checkpoint_timeout_s)
     except (ResidencyError, TreeRunError) as e:
         return None, [{"what": WHAT, "why": str(e)}]
+    # The arms' processes run side by side: each is mostly an interpreter's start, torch's import and
+    # a CUDA context (~12 s an arm on the H100 gate at 01316dd), and neither times anything.
+    with ThreadPoolExecutor(len(ARMS)) as pool:
+        asked = [(arm, pool.submit(read_arm, tree, model_dir, params, backend, arm, info_timeout_s)) for arm in ARMS]
     readings, skipped = [], []
-    for arm in ARMS:
+    for arm, future in asked:
         try:
-            readings.append(read_arm(tree, model_dir, params, backend, arm, info_timeout_s))
+            readings.append(future.result())
         except (ResidencyError, TreeRunError) as e:
             skipped.append({"what": f"{WHAT} ({backend}, {arm} arm)", "why": str(e)})
     return readings or None, skipped

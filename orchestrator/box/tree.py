@@ -57,11 +57,22 @@ ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "TORCH_", "TRITON_", "PYTORCH_", "OPE
                 "TRANSFORMERS_", "REGATE_")
 ENV_DENIED = frozenset({"REGATE_HOME", "REGATE_CENSUS_OUT", "REGATE_CENSUS_FD", "REGATE_CENSUS_NONCE",
                         "REGATE_PROBE_NONCE", "REGATE_TEST_HOOKS"})  # the harness's own
+# Every engine or kernel switch the engine ever read from the environment (git log -p -- engine kernels).
+# Today's engine takes them as options (engine/options.py) and reads none; an older revision (a
+# compare's base, a bisect's step) still would, so none reaches a head: what a head computes is its
+# tree and its options, never the box's shell, and a stored result keyed by the tree stays true.
+FORMER_SWITCHES = frozenset(f"REGATE_{n}" for n in (
+    "ABLATE", "CONV_IN_STEP", "DECODE_AHEAD", "DELTA_PREFILL_CHUNK", "DELTA_SPLIT", "DELTA_TARGET",
+    "DEQUANT_MIN_M", "FP4_GEMM", "FUSED_DECODE", "FUSED_PREFILL", "FUSED_SAMPLE", "GEMM_EARLY_SMEM",
+    "GEMM_EARLY_WEIGHTS", "GEMM_PREFETCH", "GEMM_PREFETCH_AHEAD", "GEMM_RING", "L2_PREFETCH",
+    "MERGE_PROJECTIONS", "NORM_CHUNKS", "NORM_FOLD", "NVFP4_W4A4", "PDL", "PREFILL_ATTENTION", "PREFILL_BUCKET",
+    "PREFILL_GRAPHS", "PREFILL_WARM", "SPLITK_IN_KERNEL", "SPLIT_EVEN", "SPLIT_SUM_IN_NORM", "SPLIT_WAVES",
+    "TILE_BY_SHAPE", "TILE_GEMM", "TILE_M16"))
 
 
 def allowed_env(environ: dict[str, str]) -> dict[str, str]:
     """The variables of `environ` a head's process may see."""
-    return {k: v for k, v in environ.items() if k not in ENV_DENIED
+    return {k: v for k, v in environ.items() if k not in ENV_DENIED and k not in FORMER_SWITCHES
             and (k in ENV_NAMES or k.startswith(ENV_PREFIXES))}
 
 

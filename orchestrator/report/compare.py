@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from grids.spec import Policy
+from orchestrator.report import options
 from orchestrator.report.phases import leg_insides, phases
 from orchestrator.record import Compare, Record, Side
 from orchestrator.report import claims as claims_mod
@@ -111,7 +112,8 @@ def view(record: Record | dict) -> dict:
             "head": {**_side(comp.head), "gate": (comp.gates or {}).get("head")}, "cells": _cells(record),
             "established": established, "owed": owed, "not_run": claims_mod.not_run(record),
             "lock": record.lock.to_json() if record.lock else None, "phases": phases(record),
-            "leg_insides": leg_insides(record)}
+            "leg_insides": leg_insides(record),
+            "options": options.summary(record), "arm_options": options.arm_options(record)}
 
 
 def report_path(reports_dir, record: Record) -> Path:

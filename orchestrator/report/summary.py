@@ -16,6 +16,7 @@ from rich.text import Text
 
 from orchestrator.record import Record
 from orchestrator.report import claims as claims_mod
+from orchestrator.report import options
 from orchestrator.report.phases import leg_insides, phases
 from orchestrator.report.view import when
 
@@ -182,7 +183,8 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
            Text.assemble("state    ", (record.shown_state, style)),
            Text(f"         {exit_meaning(record)}"),
            _head(record), *_base(record), Text(_box(record)), Text(_judged(record)), Text(_times(record))]
-    for part in (_suite_lines(record), _grid_lines(record), _phase_lines(record), _owed_lines(record, owed)):
+    for part in (_suite_lines(record), _grid_lines(record), _option_lines(record), _phase_lines(record),
+                 _owed_lines(record, owed)):
         if part:
             out += [Text("")] + part
     skipped = claims_mod.not_run(record)
@@ -194,6 +196,12 @@ def lines(record: Record, owed: list[dict] | None = None) -> list[Text]:
         out.append(Text.assemble(("error: ", "bold red"), record.error))
     out.append(Text(f"report: {record.report_path or 'none written'}"))
     return out
+
+
+def _option_lines(record: Record) -> list[Text]:
+    """The engine options the legs ran under (`options.py`), one line."""
+    text = options.summary(record)
+    return [Text.assemble(("options  ", "bold"), text)] if text else []
 
 
 def _phase_lines(record: Record) -> list[Text]:

@@ -18,6 +18,7 @@ from orchestrator.report import live as live_mod
 from orchestrator.report import attribution
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import residency
+from orchestrator.report import options
 from orchestrator.report.phases import leg_insides, phases
 from orchestrator.record import Part, Record, RecordError
 from orchestrator.report.errors import ReportError
@@ -82,6 +83,7 @@ def provenance(record: Record) -> dict:
             "proof": (build.proof or {}) if build else {},
             "trusted": record.trusted, "isolation": record.isolation,
             "versions": record.versions or {}, "phases": phases(record), "leg_insides": leg_insides(record),
+            "options": options.summary(record), "arm_options": options.arm_options(record),
             "build_cache": (build.cache or {}) if build else {}}
 
 
