@@ -101,11 +101,11 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
 
 def check_options(record: dict, arm: Arm, where: str, first: dict | None = None) -> None:
     """Refuse a leg whose bench did not run as its arm says: each option the arm sets must be what the
-    bench reports (normalized by engine/options.py), and every leg of an arm must report the same
-    options as its first (`first`: that leg's bench line), so an arm's legs measure one engine. The
-    options an arm leaves alone are the tree's own defaults, which a head may change (that is a change
-    to compare, not a leak: the environment no longer sets any). A bench without "options" (a revision
-    from before them) is taken only for an arm that sets none."""
+    bench reports (read as the bench's own value's type: `matches`), and every leg of an arm must
+    report the same options as its first (`first`: that leg's bench line), so an arm's legs measure
+    one engine. The options an arm leaves alone are the tree's own defaults, which a head may change
+    (that is a change to compare, not a leak: the environment no longer sets any). A bench without
+    "options" (a revision from before them) is taken only for an arm that sets none."""
     ran = record.get("options")
     if ran is None:
         if arm.options:
@@ -113,16 +113,33 @@ def check_options(record: dict, arm: Arm, where: str, first: dict | None = None)
     elif not isinstance(ran, dict):
         raise GridError(f"{where}: bench JSON options: expected an object, found {ran!r}")
     else:
-        want = arm.engine_options().to_json()
-        for key, _ in arm.options:
-            if key not in ran or ran[key] != want[key]:
+        for key, text in arm.options:
+            if key not in ran or not matches(ran[key], text):
                 raise GridError(f"{where}: the bench ran with option {key}={ran.get(key, '(unknown)')!r}, "
-                                f"the arm sets {want[key]!r}")
+                                f"the arm sets {text!r}")
     if first is not None and first.get("options") != ran:
         before = first.get("options") or {}
         moved = sorted(k for k in set(before) | set(ran or {}) if before.get(k) != (ran or {}).get(k))
         raise GridError(f"{where}: the bench ran under other options than the arm's first leg "
                         f"({', '.join(f'{k}: {before.get(k)!r} then {(ran or {}).get(k)!r}' for k in moved) or 'none reported'})")
+
+
+def matches(reported: Any, text: str) -> bool:
+    """Whether an arm's option text (as --option takes it) is the value a bench reported, read as the
+    reported value's JSON type: booleans 1/0, true/false, on/off; lists comma-separated; none."""
+    t = text.strip().lower()
+    if isinstance(reported, bool):
+        return (t in ("1", "true", "on", "yes") and reported) or (t in ("0", "false", "off", "no") and not reported)
+    if reported is None:
+        return t in ("none", "")
+    if isinstance(reported, list):
+        return [p.strip() for p in t.split(",") if p.strip()] == [str(x).lower() for x in reported]
+    if isinstance(reported, (int, float)):
+        try:
+            return float(t) == float(reported)
+        except ValueError:
+            return False
+    return text.strip() == str(reported)
 
 
 def _tail(text: str | bytes | None) -> str:

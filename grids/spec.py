@@ -37,6 +37,7 @@ maps an absolute path inside the repository to that form and refuses one outside
 from __future__ import annotations
 
 import dataclasses
+import re
 import math
 import posixpath
 from dataclasses import dataclass, field
@@ -45,7 +46,6 @@ from typing import Any
 
 import yaml
 
-from engine.options import EngineOptions
 from grids.verdict import MIN_CLAIM_LEGS, RULES
 
 LM_HEADS = ("packed", "dequant")
@@ -88,9 +88,6 @@ class Arm:
     backend: str
     extra_args: tuple[str, ...] = ()
     options: tuple[tuple[str, str], ...] = ()  # engine options (engine/options.py), sorted: (key, value)
-
-    def engine_options(self) -> EngineOptions:
-        return EngineOptions.parse([f"{k}={v}" for k, v in self.options])
 
     def option_args(self) -> list[str]:
         """The arm's options as `engine bench` takes them."""
@@ -251,16 +248,22 @@ def _arms(where: _Where, data: Any, backend: str) -> tuple[Arm, Arm]:
     return out[0], out[1]
 
 
+OPTION_KEY = re.compile(r"[a-z][a-z0-9_]*")
+
+
 def _options(where: _Where, data: Any, key: str) -> tuple[tuple[str, str], ...]:
-    """An arm's engine options, checked as `engine bench --option` would check them, as sorted
-    (key, value text) pairs."""
+    """An arm's engine options as sorted (key, value text) pairs. Their form is checked here (a key
+    as engine/options.py spells one, a scalar or a list of them); what each means is the head's
+    engine's to check (`engine bench --option` refuses an unknown key or a bad value, naming it, and
+    the leg fails with that message): the grid runs on the box's trusted side, which imports no
+    engine of any tree."""
     body = where.mapping(data, key, None)
-    pairs = tuple(sorted((str(k), _option_text(v)) for k, v in body.items()))
-    try:
-        EngineOptions.parse([f"{k}={v}" for k, v in pairs])
-    except ValueError as e:
-        raise SpecError(f"{where.source}: {key}: {e}") from None
-    return pairs
+    for k, v in body.items():
+        if not isinstance(k, str) or not OPTION_KEY.fullmatch(k):
+            raise SpecError(f"{where.source}: {key}: option {k!r}: expected a lower-case name (split_waves)")
+        if isinstance(v, (dict, set)) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
+            raise SpecError(f"{where.source}: {key}.{k}: expected a value or a list of values, found {v!r}")
+    return tuple(sorted((k, _option_text(v)) for k, v in body.items()))
 
 
 def _option_text(value: Any) -> str:

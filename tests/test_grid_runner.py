@@ -283,7 +283,7 @@ def test_a_leg_whose_bench_ran_other_options_is_refused_naming_the_field():
     base, no_pdl = spec.arms
     ran = EngineOptions().with_kernels(pdl=False).to_json()
     check_options({"options": ran}, no_pdl, "w")  # as asked
-    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=True, the arm sets False"):
+    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=True, the arm sets '0'"):
         check_options({"options": EngineOptions().to_json()}, no_pdl, "w")
     head_default = {**ran, "fused_sample": False}  # a head whose default differs: its own engine, taken
     check_options({"options": head_default}, no_pdl, "w")
@@ -319,3 +319,14 @@ def test_an_arm_whose_second_leg_ran_other_options_is_refused():
     with pytest.raises(GridError, match=r"arm base, leg 2: the bench ran under other options than the arm's "
                                         r"first leg \(split_waves: 2 then 3\)"):
         run_grid(spec, bench=bench, checkpoint=lambda **params: "/ck")
+
+
+@pytest.mark.parametrize("reported,text,same", [
+    (True, "1", True), (True, "on", True), (False, "0", True), (False, "true", False), (True, "2", False),
+    (2, "2", True), (2, "3", False), (None, "none", True), (None, "0", False), ([16, 32], "16,32", True),
+    ([16, 32], "16", False), ([], "", True), ("norm+tower", "norm+tower", True), ("", "x", False)])
+def test_an_arms_option_text_is_read_as_the_benchs_value(reported, text, same):
+    """The spec reader imports no engine, so an arm's `pdl: 0` is compared with the bench's reported
+    value by that value's type (engine/options.py's own readings of 1/0, on/off, lists, none)."""
+    from grids.runner import matches
+    assert matches(reported, text) is same

@@ -104,7 +104,11 @@ def test_no_product_module_of_kernels_imports_its_tuning_code():
 # (orchestrator/driver/): the box runs the trusted harness alone, and the tarball helpers both need are
 # the bottom module orchestrator/tarball.py. gates/ (the judges) never imports orchestrator/: a tool
 # that runs suites through the box's runner (the census twin) lives in orchestrator/box/.
-FLOORS = [("orchestrator.box", "orchestrator.driver"), ("gates", "orchestrator")]
+# (lower, upper): `lower` never imports `upper`. The judging side (orchestrator, grids: what the box
+# imports from the trusted tree, orchestrator/driver/harness.py) imports no engine or kernel of any tree:
+# the trusted bundle holds none, and the head's are the head's to run in its own processes.
+FLOORS = [("orchestrator.box", "orchestrator.driver"), ("gates", "orchestrator"),
+          ("orchestrator", "engine"), ("orchestrator", "kernels"), ("grids", "engine"), ("grids", "kernels")]
 
 
 def crossings(g: dict[str, set[str]], lower: str, upper: str) -> dict[str, list[str]]:
