@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.backends import Fp4Gemm
-from engine.nvfp4 import BLOCK, E2M1_VALUES, Nvfp4Weight, fake_quantize_activations, unpack_nibbles
+from nvfp4 import BLOCK, E2M1_VALUES, Nvfp4Weight, fake_quantize_activations, unpack_nibbles
 
 HEAD_ARMS = ("packed", "dequant")
 

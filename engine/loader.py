@@ -15,7 +15,7 @@ import torch
 
 from engine.ckpt_files import expect_object, read_json_object, regular_file
 from engine.errors import CheckpointError
-from engine.nvfp4 import BLOCK, Nvfp4Weight
+from nvfp4 import BLOCK, Nvfp4Weight
 from engine.nvfp4_tensors import FLOAT_DTYPES, check_agreement, load_bf16, load_nvfp4
 from engine.presets import MODEL_TYPE, TensorSpec, layout
 from engine.quant_config import QuantConfig, read_quant_config

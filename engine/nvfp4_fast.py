@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import nvfp4
+import nvfp4
 
 
 def encode_e2m1_fast(x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import math
 import torch
 
 from engine.errors import CheckpointError
-from engine.nvfp4 import BLOCK, Nvfp4Weight
+from nvfp4 import BLOCK, Nvfp4Weight
 from engine.safetensors_io import TensorSource
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from engine.linear import DenseLinear, Nvfp4Linear
-from engine.nvfp4 import NAMINGS, Nvfp4Weight
+from nvfp4 import NAMINGS, Nvfp4Weight
 
 
 def _walk(obj, seen: set[int]) -> Iterator[object]:

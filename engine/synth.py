@@ -1,6 +1,6 @@
 """Synthetic Qwen3.5/3.6 NVFP4 checkpoints, byte-deterministic from a seed.
 
-Every Linear of the tower is NVFP4 (ModelOpt's algorithm, `engine.nvfp4.quantize`), the head as
+Every Linear of the tower is NVFP4 (ModelOpt's algorithm, `nvfp4.quantize`), the head as
 asked (NVFP4, BF16 or tied), under either naming and either tower prefix. The same seed gives the
 same quantized data under both namings: the global scale is `snap_global_scale`d so that ModelOpt's
 multiply and compressed-tensors' divide-by-reciprocal dequantize bit-identically.
@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from engine import nvfp4
+import nvfp4
 from engine.nvfp4_fast import quantize_fast
 from engine.presets import TensorSpec, get_preset, layout, text_config
 from engine.synth_files import plan_shards, write_checkpoint_files

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 from kernels.policy import DEFAULT, KernelPolicy
 from kernels.tile_layout import OUT_SHIFT, TileOperand
 

@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from engine.nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
+from nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
 from kernels import table
 from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_gemm import check_weight, nvfp4_gemm, permute_x_for_mma, sm_count
@@ -195,7 +195,7 @@ def decode_e4m3_bits(scale_bytes: torch.Tensor) -> torch.Tensor:
 
 def random_weight(n: int, k: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(packed, block_scale, global_scale) from ModelOpt's quantizer on a random Gaussian W."""
-    from engine.nvfp4 import quantize
+    from nvfp4 import quantize
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = quantize(torch.randn(n, k, generator=g) * 0.02)

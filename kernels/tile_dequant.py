@@ -8,7 +8,7 @@ never be slower than. The temporary dies with the call (engine/linear.py's resid
 weight keeps only its packed bytes).
 
 `dequantize_tile` reads the tile layout (kernels/tile_layout.py is its contract) and writes
-W [N_main, K] in the checkpoint's K order with the arithmetic of `engine.nvfp4.dequantize_raw`:
+W [N_main, K] in the checkpoint's K order with the arithmetic of `nvfp4.dequantize_raw`:
 e2m1 value times (E4M3 scale times the row's global scale, one FP32 product), one FP32 product, one
 rounding to BF16. So it equals `dequantize_raw(...).to(bfloat16)` bit for bit (tests/test_tile_dequant.py,
 under Triton's CPU interpreter and on the GPU), and the GEMM is the CPU backend's tower GEMM

@@ -16,7 +16,7 @@ Contract (bytes, not a view): the first N_main = 16*floor(N/16) rows; K a multip
 Total bytes = the checkpoint's packed + scale bytes, exactly.
 
 `emulate_dequant` reproduces the kernel's integer decode and bf16 products in torch, so the layout,
-the decoder and the exponent bookkeeping are tested on the CPU against `engine.nvfp4.dequantize_raw`.
+the decoder and the exponent bookkeeping are tested on the CPU against `nvfp4.dequantize_raw`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.nvfp4 import BLOCK
+from nvfp4 import BLOCK
 
 ROW_TILE = 16
 K_GROUP = 256  # K per scale-code load (4 chunks of 64)

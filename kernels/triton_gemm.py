@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from engine.nvfp4 import BLOCK
+from nvfp4 import BLOCK
 from kernels import table
 
 _OUT_SCALE_SHIFT = 2.0**22  # the 2^-14 of the E2M1 trick times the 2^-8 of the E4M3 trick

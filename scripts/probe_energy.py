@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from engine.nvfp4 import dequantize_raw
+from nvfp4 import dequantize_raw
 from kernels.tune.bench import random_packed
 from kernels.tile_gemm import tile_gemm
 from kernels.tile_layout import repack

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.loader import load_checkpoint
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 
 
 def oracle_state_dict(ckpt) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.ckpt_cache import cached_checkpoint
-from engine.nvfp4 import dequantize_raw
+from nvfp4 import dequantize_raw
 
 
 def fresh(tmp_path: Path, **params) -> Path:

@@ -10,7 +10,7 @@ import torch
 from kernels import merge, nvfp4_gemm, plain_read, tile_gemm
 from kernels.policy import KernelPolicy
 from kernels.tile_layout import repack
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 
 
 def _weight(name: str, n: int, k: int, seed: int, operand: bool = True) -> Nvfp4Weight:

@@ -8,7 +8,7 @@ import torch
 from engine.backends import Fp4Gemm, register_fp4_gemm, unregister_fp4_gemm
 from engine.engine import Engine
 from engine.linear import Nvfp4Linear, dequant_for_call
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 from engine.residency import iter_nvfp4_weights
 from engine_oracle import tiny
 from kernels.tile_layout import repack, supported

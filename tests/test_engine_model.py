@@ -9,7 +9,7 @@ from engine.model.attention import attend, paged_decode_attention
 from engine.model.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from engine.model.norm import RMSNorm, gated_rms_norm
 from engine.model.rope import Rope, apply_rope
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 from gates.suites.support import reference_modeling
 
 pytest.importorskip("transformers.models.qwen3_5.configuration_qwen3_5")

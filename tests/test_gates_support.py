@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 from gates.suites.support import (compare_free_running, judge_greedy, judge_margins, layer_type_of,
                                   live_float_tensors, nvfp4_weights, walk)
 

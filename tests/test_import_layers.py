@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("orchestrator", "engine", "kernels", "gates", "grids")
+PACKAGES = ("orchestrator", "engine", "kernels", "gates", "grids", "nvfp4")
 
 
 def module_name(path: Path) -> str:
@@ -108,7 +108,9 @@ def test_no_product_module_of_kernels_imports_its_tuning_code():
 # imports from the trusted tree, orchestrator/driver/harness.py) imports no engine or kernel of any tree:
 # the trusted bundle holds none, and the head's are the head's to run in its own processes.
 FLOORS = [("orchestrator.box", "orchestrator.driver"), ("gates", "orchestrator"),
-          ("orchestrator", "engine"), ("orchestrator", "kernels"), ("grids", "engine"), ("grids", "kernels")]
+          ("orchestrator", "engine"), ("orchestrator", "kernels"), ("grids", "engine"), ("grids", "kernels"),
+          # the NVFP4 format (nvfp4/) is the floor engine and kernels stand on; kernels never reach up into engine
+          ("nvfp4", "engine"), ("nvfp4", "kernels"), ("kernels", "engine")]
 
 
 def crossings(g: dict[str, set[str]], lower: str, upper: str) -> dict[str, list[str]]:

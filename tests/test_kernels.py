@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.nvfp4 import E2M1_VALUES, dequantize_raw, quantize
+from nvfp4 import E2M1_VALUES, dequantize_raw, quantize
 from kernels import build, table
 from kernels.nvfp4_gemm import decode_e2m1_bits, decode_e4m3_bits, nvfp4_gemm, reference_gemm
 

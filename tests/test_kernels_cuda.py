@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from engine.nvfp4 import Nvfp4Weight, dequantize_raw, quantize
+from nvfp4 import Nvfp4Weight, dequantize_raw, quantize
 from kernels import table, tile_layout
 from kernels.nvfp4_gemm import (available, check, matmul, nvfp4_gemm, prepare, reference_gemm, relative_error,
                                 tile_available)

@@ -4,7 +4,7 @@ import torch
 
 from engine.ckpt_cache import cached_checkpoint
 from engine.loader import load_checkpoint
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 from tests.loader_helpers import edit_json, edit_tensors, fresh, module_to_bf16
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from engine import nvfp4
+import nvfp4
 from engine.nvfp4_fast import encode_e2m1_fast, quantize_fast
 
 

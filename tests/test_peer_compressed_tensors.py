@@ -15,7 +15,7 @@ from compressed_tensors.quantization.lifecycle.forward import quantize as ct_qua
 from compressed_tensors.quantization.quant_scheme import NVFP4A16  # noqa: E402
 from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam  # noqa: E402
 
-from engine import nvfp4  # noqa: E402
+import nvfp4  # noqa: E402
 from engine.synth import make_checkpoint  # noqa: E402
 
 ARGS = NVFP4A16["weights"]

@@ -10,7 +10,7 @@ import torch
 
 from engine.backends import Fp4Gemm
 from engine.linear import DenseLinear, Nvfp4Linear
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 from engine.projections import Projections
 from kernels import merge, tile_layout
 from kernels.tile_layout import OUT_SHIFT, emulate_dequant

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import report_records as rr
-from engine.nvfp4 import Nvfp4Weight, quantize
+from nvfp4 import Nvfp4Weight, quantize
 from orchestrator.record import Record
 from orchestrator.report import residency
 

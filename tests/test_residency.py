@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from engine.cli import _register_all, app
 from engine.engine import Engine
 from engine.linear import DenseLinear
-from engine.nvfp4 import NAMINGS, Nvfp4Weight
+from nvfp4 import NAMINGS, Nvfp4Weight
 from engine.residency import _walk, iter_nvfp4_weights
 from engine_oracle import tiny
 

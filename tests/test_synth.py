@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from engine import ckpt_cache
 from engine.commands import make_checkpoint as make_checkpoint_cmd
 from engine.loader import load_checkpoint
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 from engine.presets import PRESETS, layout, text_config
 from engine.synth import make_checkpoint
 
@@ -158,7 +158,8 @@ def test_config_json_loads_in_transformers(tmp_path, prefix):
 def test_chunked_synthesis_equals_whole_tensor_quantization(monkeypatch):
     """Row chunks (how the 27b preset stays in memory) give the same bytes as quantizing the whole
     drawn weight at once with the reference `nvfp4.quantize`."""
-    from engine import nvfp4, synth
+    import nvfp4
+    from engine import synth
     from engine.presets import TensorSpec
     monkeypatch.setattr(synth, "CHUNK_ELEMS", 3 * 256)  # 3 rows per chunk, a ragged last chunk
     spec = TensorSpec("layers.0.mlp.up_proj", (20, 256), "linear", "in")

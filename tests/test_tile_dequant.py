@@ -1,5 +1,5 @@
 """The tile operand's BF16 dequantization (kernels/tile_dequant.py) against its twin,
-`engine.nvfp4.dequantize_raw` cast to BF16: bit for bit, on the GPU when there is one, else under
+`nvfp4.dequantize_raw` cast to BF16: bit for bit, on the GPU when there is one, else under
 Triton's CPU interpreter (tests/conftest.py)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off (tests/conftest.py turns it on)", allow_module_level=True)
 pytest.importorskip("triton")
-from engine.nvfp4 import dequantize_raw, quantize  # noqa: E402
+from nvfp4 import dequantize_raw, quantize  # noqa: E402
 from kernels import tile_dequant  # noqa: E402
 from kernels.policy import KernelPolicy  # noqa: E402
 from kernels.tile_layout import OUT_SHIFT, TileOperand, repack  # noqa: E402
@@ -127,7 +127,7 @@ def test_the_sweeps_crossover_is_the_m_from_which_dequant_wins_throughout():
 def test_the_dequant_path_records_into_a_cuda_graph(monkeypatch):
     """Where a table row sends M to the dequant path, `prepare` compiles its kernel (nothing compiles
     inside a capture), and a captured call replays to the eager result bit for bit."""
-    from engine.nvfp4 import Nvfp4Weight
+    from nvfp4 import Nvfp4Weight
     from kernels import nvfp4_gemm
 
     if not nvfp4_gemm.tile_available()[0]:

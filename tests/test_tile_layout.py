@@ -1,5 +1,5 @@
 """The tile layout of the CUDA tile GEMM, on the CPU: the repack, the kernel's decode (emulated bit
-for bit) and its exponent bookkeeping against engine.nvfp4.dequantize_raw; the launcher's pure rules."""
+for bit) and its exponent bookkeeping against nvfp4.dequantize_raw; the launcher's pure rules."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from engine.nvfp4 import dequantize_raw
+from nvfp4 import dequantize_raw
 from kernels import table, tile_gemm, tile_layout
 from kernels.tune.tile_sweep import by_shape_rows, table_from_sweep
 from kernels.tile_layout import emulate_dequant, emulate_fragments, repack

@@ -4,7 +4,7 @@ the margin rule, and a field walk over everything an engine owns.
 The suites judge the engine, so nothing here trusts the engine's own bookkeeping: the walk over
 `Nvfp4Weight`s is this module's (not `engine.residency`'s), and the oracle is transformers'
 `Qwen3_5ForCausalLM` in FP32, loaded with the checkpoint's NVFP4 weights decoded HERE, from the
-checkpoint's own bytes (not the loader's `Nvfp4Weight`s, not `engine.nvfp4`): an oracle that
+checkpoint's own bytes (not the loader's `Nvfp4Weight`s, not `nvfp4`): an oracle that
 dequantized with the decoder it judges would agree with a broken decoder. The nibbles are unpacked by
 compressed-tensors' `unpack_fp4_from_uint8` (a peer implementation) where it is installed, else by
 `spec_unpack`, written from the format's spec (../shared/NVFP4.md) apart from the engine's code; the
@@ -26,7 +26,7 @@ from safetensors import safe_open
 from engine.ckpt_cache import cached_checkpoint
 from engine.engine import Engine
 from engine.loader import load_checkpoint
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 
 NAMINGS = ("modelopt", "compressed-tensors")
 PREFIXES = ("model.", "model.language_model.")

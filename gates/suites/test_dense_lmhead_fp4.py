@@ -22,7 +22,7 @@ import torch
 
 from engine.engine import Engine
 from engine.loader import load_checkpoint
-from engine.nvfp4 import Nvfp4Weight
+from nvfp4 import Nvfp4Weight
 from engine.options import EngineOptions
 from gates.suites.support import (LOGIT_TOL, NAMINGS, PROMPTS, checkpoint, layer_type_of, live_float_tensors,
                                   nvfp4_weights, oracle_logits, build_oracle, walk)

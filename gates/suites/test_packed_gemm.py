@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
+from nvfp4 import BLOCK, Nvfp4Weight, dequantize_raw
 from gates.suites.twin import BACKEND, DEVICE, captured, fp4_gemm_module, generator, needs_cuda, release_cached, shape
 
 pytestmark = needs_cuda

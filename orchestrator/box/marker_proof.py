@@ -32,7 +32,10 @@ try:
     import torch
     if not torch.cuda.is_available():
         raise SystemExit(print(json.dumps({"nonce": NONCE, "proven": False, "why": "no CUDA GPU on this box"})))
-    from engine.nvfp4 import Nvfp4Weight
+    try:  # the format's own package; a revision from before it (a compare's base) kept it in engine/
+        from nvfp4 import Nvfp4Weight
+    except ImportError:
+        from engine.nvfp4 import Nvfp4Weight
     from kernels import nvfp4_gemm as gemm
     ok, why = gemm.available()
     if not ok:

@@ -5,6 +5,9 @@ nibble, as ModelOpt, compressed-tensors and vLLM pack it; torch's int4 tinygemm 
 way round), ModelOpt's quantization algorithm, dequantization, and `Nvfp4Weight`, the weight type
 every NVFP4 projection of the engine is held in. It knows nothing about checkpoints or GEMMs.
 
+The bottom package: engine/ and kernels/ both import it, it imports neither, and kernels/ never
+imports engine/ (tests/test_import_layers.py).
+
 Convention: `Nvfp4Weight.global_scale` is always ModelOpt's (dequant MULTIPLIES by it). The loader
 normalizes compressed-tensors' reciprocal `weight_global_scale` into it at load.
 """
