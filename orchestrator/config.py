@@ -14,6 +14,7 @@ directory, found from the cwd as git finds its repository or given by REGATE_HOM
     trusted_root: null           # a directory whose gates/, grids/, orchestrator/ judge every head (null: see trusted_ref)
     trusted_ref: null            # a CLI gate's trusted commit (null: origin/HEAD, else the merge-base with main)
     default_box: h200-a          # else the first box
+    requeue: 1                   # the service runs a pool job whose box died again, this many times
     timeouts: {schedule_s: 120, lock_s: 3600, build_s: 1800, idle_wait_s: 300, heartbeat_s: 5, stale_s: 120}
     boxes:
       - name: h200-a
@@ -23,6 +24,8 @@ directory, found from the cwd as git finds its repository or given by REGATE_HOM
         idle: {max_util_pct: 10, on_busy: wait}   # wait (up to timeouts.idle_wait_s) | abort
         isolation: auto          # how a head's processes are confined: auto | bwrap | reaper | none
                                  # (orchestrator/box/sandbox.py; auto: the strongest this box can do)
+        pool: h200               # optional: `--pool h200` places a job on any idle box of the pool
+                                 # (a pool's boxes must have the same gpus)
 
 A bad file raises `ConfigError` naming the file and the key path, expected against found: types are
 checked (`lock_path: null` is refused, not defaulted), timeouts must be finite and > 0, and `db_path`
@@ -68,6 +71,7 @@ class BoxConfig:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     isolation: str = "auto"
     build_cache: str = "~/.cache/regate/builds"  # compiled kernels, one directory per build key (box/build_cache.py)
+    pool: str | None = None  # the pool (e.g. "h100") a `--pool` job may be placed in; boxes of one pool are interchangeable
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class Config:
     trusted_ref: str | None = None  # the commit whose harness judges a CLI gate (driver/harness.py)
     default_box: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
+    requeue: int = 1  # how many times the service requeues a pool job whose box died under it
     source: str = "<built-in defaults>"
 
     def box(self, name: str | None) -> BoxConfig:
@@ -101,11 +106,41 @@ class Config:
         known = ", ".join(b.name for b in self.boxes)
         raise ConfigError(f"unknown box {name!r}: {self.source} configures {known}")
 
+    def pool(self, name: str) -> tuple[BoxConfig, ...]:
+        """The boxes of pool `name`; ConfigError naming the pool and the known ones when none is."""
+        members = tuple(b for b in self.boxes if b.pool == name)
+        if not members:
+            known = ", ".join(sorted({b.pool for b in self.boxes if b.pool})) or "none"
+            raise ConfigError(f"unknown pool {name!r}: {self.source} configures pools: {known}")
+        return members
+
+    def target(self, box: str | None, pool: str | None) -> tuple[str, str, BoxConfig]:
+        """Where a job goes: (its label, its config digest, the box whose settings the request to Ray
+        uses): a named box (or the default one), or a pool (its label `pool:NAME`, its first box: a
+        pool's boxes have the same GPUs). ConfigError for an unknown box or pool, or both at once."""
+        if pool is None:
+            box_cfg = self.box(box)
+            return box_cfg.name, self.digest(box_cfg), box_cfg
+        if box is not None:
+            raise ConfigError(f"give a box or a pool, not both (box {box!r}, pool {pool!r})")
+        return pool_label(pool), self.pool_digest(pool), self.pool(pool)[0]
+
+    def pool_digest(self, name: str) -> str:
+        """A pool job's config digest: its boxes' own, since any of them may run it."""
+        blob = json.dumps(sorted(self.digest(b) for b in self.pool(name))).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]
+
     def digest(self, box: BoxConfig) -> str:
         """What of the config changes a gate's meaning: the box's settings (not paths or timeouts)."""
-        settings = {k: v for k, v in asdict(box).items() if k != "build_cache"}  # where binaries are cached
+        # not where binaries are cached, nor the pool (a name for routing; the box's settings are the meaning)
+        settings = {k: v for k, v in asdict(box).items() if k not in ("build_cache", "pool")}
         blob = json.dumps(settings, sort_keys=True).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def pool_label(pool: str) -> str:
+    """What a pool job's box says until a box of the pool starts it (then the box's name)."""
+    return f"pool:{pool}"
 
 
 def host_box_name() -> str:
@@ -145,7 +180,7 @@ def load_config(path: str | Path | None, gpus: int = 0) -> Config:
 
 # `schedules` is parsed and validated by orchestrator.schedule.load_schedules (the service's section).
 _TOP = ("ray_address", "db_path", "reports_dir", "work_dir", "default_box", "timeouts", "boxes", "trusted_root",
-        "trusted_ref", "schedules")
+        "trusted_ref", "schedules", "requeue")
 
 
 def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
@@ -156,6 +191,7 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
     for i, n in enumerate(names):
         if n in names[:i]:
             _fail(where, f"boxes[{i}].name", "a name no other box has", n)
+    _check_pools(boxes, where)
     default = _opt_str(top.get("default_box"), where, "default_box")
     if default is not None and default not in names:
         _fail(where, "default_box", f"one of the boxes ({', '.join(names)})", default)
@@ -171,6 +207,7 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
         trusted_ref=_opt_str(top.get("trusted_ref"), where, "trusted_ref"),
         default_box=default,
         timeouts=_timeouts(top.get("timeouts"), where),
+        requeue=_count(top.get("requeue", Config.requeue), where, "requeue"),
         source=where,
     )
 
@@ -183,15 +220,36 @@ def default_db_path(where: str) -> Path:
         raise ConfigError(f"{where}: {e}" if where != "<built-in defaults>" else str(e)) from None
 
 
+def _check_pools(boxes: tuple[BoxConfig, ...], where: str) -> None:
+    """A pool job asks Ray for the pool's GPU count before it knows its box: the boxes must agree."""
+    first: dict[str, BoxConfig] = {}
+    for i, b in enumerate(boxes):
+        if b.pool is None:
+            continue
+        seen = first.setdefault(b.pool, b)
+        if b.gpus != seen.gpus:
+            _fail(where, f"boxes[{i}].gpus", f"{seen.gpus}, as box {seen.name!r} of pool {b.pool!r} has", b.gpus)
+
+
+def _name(v, where: str, key: str) -> str:
+    """A box or pool name: it becomes a Ray resource (`box:NAME`, `pool:NAME`), hence no ':' or ','."""
+    if not isinstance(v, str) or not v or any(c in v for c in " :,"):
+        _fail(where, key, "a non-empty name without spaces, ':' or ','", v)
+    return v
+
+
+def _count(v, where: str, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        _fail(where, key, "a whole number >= 0", v)
+    return v
+
+
 def _box(raw: object, where: str, key: str) -> BoxConfig:
     d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle", "isolation",
-                                   "build_cache"), required=("name",))
-    name = _opt_str(d["name"], where, f"{key}.name")
-    if not name or any(c in name for c in " :,"):
-        _fail(where, f"{key}.name", "a non-empty name without spaces, ':' or ','", d["name"])
-    gpus = d.get("gpus", 0)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        _fail(where, f"{key}.gpus", "a whole number >= 0", gpus)
+                                   "build_cache", "pool"), required=("name",))
+    name = _name(d["name"], where, f"{key}.name")
+    pool = None if d.get("pool") is None else _name(d["pool"], where, f"{key}.pool")
+    gpus = _count(d.get("gpus", 0), where, f"{key}.gpus")
     markers = tuple(_opt_str(m, where, f"{key}.required_markers[{j}]")
                     for j, m in enumerate(_list(d.get("required_markers"), where, f"{key}.required_markers")))
     if "required_markers" not in d and gpus:
@@ -201,7 +259,7 @@ def _box(raw: object, where: str, key: str) -> BoxConfig:
     if not isinstance(isolation, str) or isolation not in ISOLATION:
         _fail(where, f"{key}.isolation", f"one of {ISOLATION}", isolation)
     cache = _str(d.get("build_cache", BoxConfig.build_cache), where, f"{key}.build_cache")
-    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"), isolation, cache)
+    return BoxConfig(name, lock, gpus, markers, _idle(d.get("idle"), where, f"{key}.idle"), isolation, cache, pool)
 
 
 def _idle(raw: object, where: str, key: str) -> IdlePolicy:

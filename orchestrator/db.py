@@ -129,10 +129,12 @@ def insert_queued(conn: sqlite3.Connection, record: Record, idem_key: str) -> No
 
 
 def mark_running(conn: sqlite3.Connection, record: Record, task_id: str) -> None:
+    """The box started the run; the row's box becomes the one that did (a pool job was queued under
+    its pool's label: `last_green` and the service's binding-grid check ask by box)."""
     record.state = "RUNNING"
     with transaction(conn):
-        conn.execute("UPDATE runs SET state='RUNNING', task_id=?, heartbeat=?, record=? WHERE run_id=?",
-                     (task_id, time.time(), dump(record), record.run_id))
+        conn.execute("UPDATE runs SET state='RUNNING', task_id=?, heartbeat=?, record=?, box=? WHERE run_id=?",
+                     (task_id, time.time(), dump(record), record.box.name, record.run_id))
 
 
 def beat(conn: sqlite3.Connection, run_id: str) -> None:
@@ -259,11 +261,13 @@ def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
     return reusable(conn, idem_key).record
 
 
-def last_green(conn: sqlite3.Connection, box: str) -> str | None:
-    """The sha of the newest PASSED gate on `box` (a partial pass included: nothing it ran was red),
-    None when there is none. A comparison is not a gate: its PASSED never counts."""
-    rows = conn.execute("SELECT record FROM runs WHERE box=? AND state='PASSED' ORDER BY created_at DESC, run_id DESC",
-                        (box,))
+def last_green(conn: sqlite3.Connection, box: str | tuple[str, ...]) -> str | None:
+    """The sha of the newest PASSED gate on `box` (or on any of several: a pool's boxes; a partial
+    pass included: nothing it ran was red), None when there is none. A comparison is not a gate: its
+    PASSED never counts."""
+    boxes = (box,) if isinstance(box, str) else tuple(box)
+    rows = conn.execute(f"SELECT record FROM runs WHERE box IN ({', '.join('?' * len(boxes))}) AND state='PASSED'"
+                        " ORDER BY created_at DESC, run_id DESC", boxes)
     return next((r.head.sha for r in map(lambda row: load(row[0]), rows) if r.kind == "gate"), None)
 
 

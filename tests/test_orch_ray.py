@@ -50,8 +50,8 @@ def _is_ray(p: psutil.Process) -> bool:
 @pytest.fixture(scope="module")
 def cluster():
     saved = os.environ.pop("RAY_ADDRESS", None)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"box:A": 1}})
-    node_b = c.add_node(num_cpus=2, resources={"box:B": 1})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"box:A": 1, "pool:p": 1}})
+    node_b = c.add_node(num_cpus=2, resources={"box:B": 1, "pool:p": 1})  # pool p: only a config naming it uses it
     ray.init(address=c.address, log_to_driver=False, include_dashboard=False)
     try:
         yield {"address": c.address, "node_b": node_b.node_id}
@@ -70,9 +70,9 @@ def env(tmp_path):
     """A config with boxes A and B (locks in tmp), the ledger and work dir in tmp. `isolation="none"`
     for a test that reads what the head's processes wrote outside their run (a log, their pids): the
     sandbox would rightly keep those writes in."""
-    def config(isolation: str = "auto", **timeouts) -> Config:
-        boxes = (BoxConfig("A", lock_path=str(tmp_path / "A.lock"), isolation=isolation),
-                 BoxConfig("B", lock_path=str(tmp_path / "B.lock"), isolation=isolation),
+    def config(isolation: str = "auto", pool: str | None = None, **timeouts) -> Config:
+        boxes = (BoxConfig("A", lock_path=str(tmp_path / "A.lock"), isolation=isolation, pool=pool),
+                 BoxConfig("B", lock_path=str(tmp_path / "B.lock"), isolation=isolation, pool=pool),
                  BoxConfig("C", lock_path=str(tmp_path / "C.lock"), isolation=isolation))
         t = Timeouts(**({"schedule_s": 30, "heartbeat_s": 0.5} | timeouts))
         return Config(boxes=boxes, db_path=tmp_path / "r.db", reports_dir=tmp_path / "reports",
@@ -124,6 +124,26 @@ def test_job_pinned_to_b_runs_on_b(cluster, env):
     assert again["run_id"] == rec["run_id"]
     forced = run_gate(cfg, "HEAD", str(repo), box="B", force=True)
     assert forced["run_id"] != rec["run_id"] and forced["state"] == "PASSED"
+
+
+def test_pool_gates_run_one_per_box_each_under_its_own_lock(cluster, env):
+    """Two gates on pool p (boxes A and B) at once: Ray puts one on each box, and each takes the lock
+    of the box it landed on, not of the pool's first box (the spec's until placement)."""
+    tmp_path, config = env
+    cfg = config(pool="p")
+    repo = str(_repo(tmp_path))
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda: results.append(run_gate(cfg, "HEAD", repo, pool="p", force=True)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r["state"] for r in results] == ["PASSED", "PASSED"], [r["error"] for r in results]
+    assert sorted(r["box"]["name"] for r in results) == ["A", "B"]
+    assert all(r["lock"]["path"] == str(tmp_path / f"{r['box']['name']}.lock") for r in results)
+    for r in results:
+        _assert_clean(tmp_path, cfg, r)
 
 
 def test_grid_runs_on_the_box_under_the_lock(cluster, env):
@@ -196,7 +216,7 @@ def test_box_not_in_cluster_fails_fast(cluster, env):
     tmp_path, config = env
     cfg = config()
     rec = run_gate(cfg, "HEAD", str(_repo(tmp_path)), "C")
-    assert rec["state"] == "ERROR" and "box 'C' is not in the Ray cluster (boxes there: A, B)" in rec["error"]
+    assert rec["state"] == "ERROR" and "box 'C' is not in the Ray cluster (boxes there: A, B; pools: p)" in rec["error"]
     _assert_clean(tmp_path, cfg, rec)
 
 

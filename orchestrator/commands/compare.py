@@ -80,6 +80,7 @@ def compare(
     repo: str = typer.Option(".", "--repo", help="repository holding both revisions"),
     config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
     box: Optional[str] = typer.Option(None, "--box", help="box to run on (default: the config's default)"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="run on one idle box of this pool (both sides there)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster to join (else $RAY_ADDRESS)"),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the report as Markdown "
                                                                       "(a PR body) to this file"),
@@ -95,7 +96,7 @@ def compare(
     try:
         cfg = load_config(config, gpus=len(gpus()))
         with ray_output_to_log() as ray_log:
-            record = run_compare(cfg, base, head, repo, box, cwd_path(grid), arm, printer, address, hooks)
+            record = run_compare(cfg, base, head, repo, box, cwd_path(grid), arm, printer, address, hooks, pool=pool)
     except (ConfigError, ProvenanceError, CompareRequestError) as e:
         printer.stop()
         _fail(err, str(e), as_json)

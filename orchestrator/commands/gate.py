@@ -131,6 +131,8 @@ def gate(
     config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
     box: Optional[str] = typer.Option(None, "--box", metavar="NAME",
                                       help="box to run on (default: the config's default)"),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="NAME",
+                                       help="run on any idle box of this pool instead of a named box"),
     grid: Optional[str] = typer.Option(None, "--grid", metavar="SPEC",
                                        help="throughput grid spec to run under the same lock (a path from this folder or "
                                                     "the repository's root, or a name in grids/)"),
@@ -163,7 +165,7 @@ def gate(
         cfg = load_config(config, gpus=len(gpus()))
         with ray_output_to_log() as ray_log:
             record = run_gate(cfg, head, repo, box, grid and cwd_path(grid), force, printer, address, hooks, accept_sacred,
-                              accept_gate_change, trusted_ref)
+                              accept_gate_change, trusted_ref, pool)
     except (ConfigError, ProvenanceError, ManifestError, RequestError) as e:
         printer.stop()
         say(e)

@@ -98,11 +98,13 @@ def new_record(pair: Pair, box: str, grid: str, arm: str, run_id: str) -> Record
 
 def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str | None = None,
                 grid: str = DEFAULT_GRID, arm: str | None = None, progress: Progress = lambda ev: None,
-                address: str | None = None, hooks: tuple[str, ...] = (), run_id: str | None = None) -> Record:
-    """Compare `head` against `base` of `repo` on `box`; the stored record (`run_id`: one chosen ahead,
-    as the service's schedule does, to say which run a firing started)."""
+                address: str | None = None, hooks: tuple[str, ...] = (), run_id: str | None = None,
+                pool: str | None = None) -> Record:
+    """Compare `head` against `base` of `repo` on `box` (or on one idle box of `pool`: both sides on
+    the box Ray picks); the stored record (`run_id`: one chosen ahead, as the service's schedule does,
+    to say which run a firing started)."""
     t0 = time.monotonic()
-    box_cfg = config.box(box)
+    label, _, box_cfg = config.target(box, pool)
     pair = archives(repo, base, head)
     try:
         grid, arm = checked_grid(pair, grid, arm)
@@ -113,14 +115,14 @@ def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str 
     conn = db.connect(config.db_path)
     try:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
-        record = new_record(pair, box_cfg.name, grid, arm, run_id or db.new_run_id(pair.head.sha))
+        record = new_record(pair, label, grid, arm, run_id or db.new_run_id(pair.head.sha))
         harness = harness_for(config, pair.head)
         record.trusted = harness.to_json()
         record.timings["archive_s"] = round(time.monotonic() - t0, 3)
         db.insert_queued(conn, record, f"compare|{pair.base.sha}|{record.run_id}")  # never reused: a fresh measurement
         spec = box_spec(config, record.run_id, pair, box_cfg, grid, arm, hooks)
         sides = record.compare  # the driver's halves; the box's job brings its own (`Record.merge`)
-        _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address, harness)
+        _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address, harness, pool)
         return finish_placed(config, conn, record, sides, t0)
     finally:
         conn.close()
@@ -134,11 +136,11 @@ def box_spec(config: Config, run_id: str, pair: Pair, box_cfg, grid: str, arm: s
                        str(config.work_dir) if config.work_dir else None, tuple(hooks), hidden=hidden_paths(config))
 
 
-def _run_on_ray(config, conn, spec, pair, record: Record, progress, address, harness) -> None:
+def _run_on_ray(config, conn, spec, pair, record: Record, progress, address, harness, pool=None) -> None:
     started_ray = False
     try:
         started_ray = start_ray(address, spec.box)
-        place(config, conn, spec, pair, record, progress, harness=harness)
+        place(config, conn, spec, pair, record, progress, harness=harness, pool=pool)
     except PlacementError as e:
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):

@@ -93,11 +93,11 @@ def new_record(arch: Archive, box: str, run_id: str) -> Record:
 def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, grid: str | None = None,
              force: bool = False, progress: Progress = lambda ev: None, address: str | None = None,
              hooks: tuple[str, ...] = (), accept_sacred: bool = False, accept_gate_change: bool = False,
-             trusted_ref: str | None = None) -> Record:
-    """Gate `rev` of `repo` on `box`, judged by the trusted harness (`harness_for`); the stored record
-    (an earlier identical one unless `force`)."""
+             trusted_ref: str | None = None, pool: str | None = None) -> Record:
+    """Gate `rev` of `repo` on `box` (or on any idle box of `pool`), judged by the trusted harness
+    (`harness_for`); the stored record (an earlier identical one unless `force`)."""
     t0 = time.monotonic()
-    box_cfg = config.box(box)
+    label, digest, box_cfg = config.target(box, pool)
     progress({"event": "step", "step": "archive", "status": "start", "detail": f"{rev} of {repo}"})
     arch = archive(repo, rev)
     if grid is not None:  # the API's check: a spec the head has and that parses, before any suite
@@ -109,13 +109,12 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     conn = db.connect(config.db_path)
     try:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
-        key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg), accept_sacred, accept_gate_change,
-                              harness.digest)
+        key = idempotency_key(arch, grid, label, digest, accept_sacred, accept_gate_change, harness.digest)
         reuse = db.reusable(conn, key)  # also under --force: a bad record key stops us before a row exists
         if not force and (done := reuse.record) is not None:
             progress({"event": "reused", "run_id": done.run_id, "state": done.state})
             return done
-        record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        record = new_record(arch, label, db.new_run_id(arch.sha))
         record.trusted = harness.to_json()
         if reuse.refused is not None:  # a forged or unsigned identical run: say so, in the record too
             progress({"event": "step", "step": "reuse", "status": "refused", "detail": reuse.refused.why})
@@ -126,19 +125,22 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
                        config.timeouts.lock_s, config.timeouts.idle_wait_s,
                        str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
                        None, accept_sacred, accept_gate_change, hidden_paths(config))
-        return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0, harness)
+        return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0, harness,
+                           pool)
     finally:
         conn.close()
 
 
-def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0, harness: Harness) -> Record:
+def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0, harness: Harness,
+                pool: str | None = None) -> Record:
     """Place the job, then store the result while Ray is still up (a stored result is never LOST)."""
     started_ray = False
     try:
         started_ray = _start_ray(address, spec.box, progress)
         progress({"event": "step", "step": "placement", "status": "start",
-                  "detail": f"the head to box {spec.box.name}; waiting for it to start the job"})
-        place(config, conn, spec, arch, record, progress, harness=harness)
+                  "detail": f"the head to {record.box.name if pool else 'box ' + spec.box.name}; "
+                            "waiting for it to start the job"})
+        place(config, conn, spec, arch, record, progress, harness=harness, pool=pool)
     except PlacementError as e:  # Ray could not be started or joined
         note_placement_failure(record, e)
     except (Interrupted, KeyboardInterrupt):  # Ctrl-C: the box's job was cancelled (its groups died)

@@ -1,8 +1,11 @@
 """Ray at the edge: start or join Ray, check a box is there, run the job pinned to it, stream events.
 
 A box is a Ray node carrying the custom resource `box:NAME` (quantity 1, so a box runs one gate at a
-time) and the label `box=NAME`. The job is a streaming-generator task asking for `box:NAME` and the
-box's GPUs, with `max_retries=0`: whether to retry is the service's decision, never Ray's. A box that
+time) and the label `box=NAME`; a box of a pool also carries `pool:POOL` (quantity 1). The job is a
+streaming-generator task asking for `box:NAME` (and the box's `pool:POOL`, so no pool job runs beside
+it), or for one `pool:POOL` slot, which Ray's own placement gives to an idle box of the pool; then
+the box's GPUs, with `max_retries=0`: whether to retry is the service's decision, never Ray's. A pool
+job learns its box on the box (`whoami`) and takes that box's settings and lock. A box that
 is absent never hangs the head: it is refused up front, and a job a free box does not start within the
 scheduling timeout is cancelled with a message naming the box. `place` is the one way a run reaches
 its box, for the CLI gate and the service alike.
@@ -53,11 +56,12 @@ PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError
 
 def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress: Callable[[dict], None],
           on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False,
-          harness: Harness | None = None) -> None:
-    """Run the job on its box, under the trusted `harness` (`driver/harness.py`), and fold its result
-    (or why there is none: LOST, ERROR) into `record`. Beats the row's heartbeat while it waits. On a
-    stop or Ctrl-C the box's task is cancelled, and waited for, before Interrupted / KeyboardInterrupt
-    goes up."""
+          harness: Harness | None = None, pool: str | None = None, task=None) -> None:
+    """Run the job on its box (or, `pool` given, on whichever idle box of the pool Ray picks), under
+    the trusted `harness` (`driver/harness.py`), and fold its result (or why there is none: LOST,
+    ERROR) into `record`. Beats the row's heartbeat while it waits. On a stop or Ctrl-C the box's task
+    is cancelled, and waited for, before Interrupted / KeyboardInterrupt goes up. `task`: the remote
+    function run on the box (`_gate_task`; the fleet simulation passes a timed fake)."""
     gen = None
     harness = harness or service_harness(config.trusted_root)  # none named: this install, or trusted_root
 
@@ -74,15 +78,17 @@ def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress:
         db.beat(conn, record.run_id)
         if stop():
             raise Interrupted()
+    members = config.pool(pool) if pool is not None else ()
+    resources, where = job_resources(spec.box, pool), f"pool {pool!r}" if pool else f"box {spec.box.name!r}"
     try:
-        check_box(spec.box.name)
+        check_resources(resources, where)
         t = time.monotonic()
         # once each: the box fetches them from the object store (a comparison ships two: `tarballs`)
         refs = [ray.put(t) for t in getattr(arch, "tarballs", (arch.tarball,))]
         harness_ref = ray.put(harness.tarball)
         put_s = time.monotonic() - t
-        gen = submit(spec, refs, harness_ref, harness.digest)
-        parts = stream(gen, spec.box.name, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
+        gen = submit(spec, refs, harness_ref, harness.digest, members, task or _gate_task)
+        parts = stream(gen, where, resources, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
         record.merge(parts, put_s)
     except PLACEMENT_FAILURES as e:
         note_placement_failure(record, e)
@@ -133,8 +139,8 @@ def start_ray(address: str | None, box: BoxConfig) -> bool:
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise PlacementError(f"cannot join the Ray cluster at {address!r}: {e}") from None
         else:
-            ray.init(address="local", num_cpus=2, num_gpus=box.gpus, resources={box_resource(box.name): 1},
-                     labels={"box": box.name}, **quiet)
+            ray.init(address="local", num_cpus=2, num_gpus=box.gpus, resources=node_resources(box),
+                     labels=node_labels(box), **quiet)
     return True
 
 
@@ -156,14 +162,46 @@ def box_resource(name: str) -> str:
     return f"box:{name}"
 
 
+def pool_resource(name: str) -> str:
+    return f"pool:{name}"
+
+
+def node_resources(box: BoxConfig) -> dict[str, float]:
+    """What a box's Ray node advertises: its one slot, and its one slot of its pool."""
+    return {box_resource(box.name): 1, **({pool_resource(box.pool): 1} if box.pool else {})}
+
+
+def node_labels(box: BoxConfig) -> dict[str, str]:
+    return {"box": box.name, **({"pool": box.pool} if box.pool else {})}
+
+
+def job_resources(box: BoxConfig, pool: str | None) -> dict[str, float]:
+    """What a job asks Ray for: one slot of the pool, or the named box's slot plus its pool slot (a
+    pool job placed there would otherwise run beside it: the pool slot is the box's second lock)."""
+    if pool is not None:
+        return {pool_resource(pool): 1}
+    return node_resources(box)
+
+
 def cluster_boxes(resources: dict[str, float]) -> list[str]:
     return sorted(k[len("box:"):] for k in resources if k.startswith("box:"))
 
 
-def check_box(name: str) -> None:
-    boxes = cluster_boxes(ray.cluster_resources())
-    if name not in boxes:
-        raise PlacementError(f"box {name!r} is not in the Ray cluster (boxes there: {', '.join(boxes) or 'none'})")
+def check_resources(resources: dict[str, float], where: str) -> None:
+    """PlacementError, naming the box or pool and what the cluster has, unless a live node has them all."""
+    if _nodes_with(resources):
+        return
+    have = ray.cluster_resources()
+    pools = sorted(k[len("pool:"):] for k in have if k.startswith("pool:"))
+    listed = f"; pools: {', '.join(pools) or 'none'}" if pools or any(k.startswith("pool:") for k in resources) else ""
+    raise PlacementError(f"{where} is not in the Ray cluster (boxes there: {', '.join(cluster_boxes(have)) or 'none'}"
+                         f"{listed})")
+
+
+def _nodes_with(resources: dict[str, float]) -> list[str]:
+    """The live nodes whose totals cover `resources` (the only ones Ray may place the job on)."""
+    totals = ray._private.state.total_resources_per_node()  # a DeveloperAPI: no public per-node view
+    return [n for n, have in totals.items() if all(have.get(k, 0) >= q for k, q in resources.items())]
 
 
 def whoami() -> dict:
@@ -177,12 +215,17 @@ def whoami() -> dict:
 
 
 @ray.remote
-def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str) -> Iterator[dict]:
+def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str, members: dict) -> Iterator[dict]:
     """The job on its box: the trusted harness run as a process of its own (`driver/launch.py`), its
     events streamed back. Imports nothing of the box side here (this worker's path is not trusted).
-    `harness` arrives as bytes: Ray resolves an object ref passed as an argument."""
+    `harness` arrives as bytes: Ray resolves an object ref passed as an argument. `members`: a pool
+    job's boxes by name, whose entry for this box becomes the spec's box (its lock, its markers)."""
     ident = whoami()
     yield {"event": "started", **ident}
+    spec, why = box_spec(spec, ident["name"], members)
+    if why:
+        yield {"event": "result", "parts": {"error": why}}
+        return
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
 
@@ -216,12 +259,25 @@ def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str) -> Itera
         raise
 
 
-def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str) -> "ray.ObjectRefGenerator":
-    """The job's task on its box; `tarball_refs`: one ref, or a list (a comparison's base and head)."""
-    opts = dict(resources={box_resource(spec.box.name): 1}, num_gpus=spec.box.gpus, num_cpus=1,
+def box_spec(spec: dict, name: str | None, members: dict) -> tuple[dict, str | None]:
+    """(the spec with this box's settings, None), or (spec, why not) when a pool job landed on a node
+    that is no box of its pool (a node advertising the pool resource under a name the config lacks)."""
+    if not members:
+        return spec, None
+    if name not in members:
+        return spec, f"placed on {name!r}, which is not a configured box of the pool ({', '.join(sorted(members))})"
+    return {**spec, "box": members[name]}, None
+
+
+def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str, members=(), task=None) -> "ray.ObjectRefGenerator":
+    """The job's task on its box (`members`: a pool job's boxes, any of which Ray may pick);
+    `tarball_refs`: one ref, or a list (a comparison's base and head)."""
+    pool = members[0].pool if members else None
+    opts = dict(resources=job_resources(spec.box, pool), num_gpus=spec.box.gpus, num_cpus=1,
                 max_retries=0, name=f"{getattr(spec, 'kind', 'gate')}:{spec.run_id}")
     refs = tarball_refs if isinstance(tarball_refs, list) else [tarball_refs]
-    return _gate_task.options(**opts).remote(spec_json(spec), refs, harness_ref, digest)
+    boxes = {b.name: dataclasses.asdict(b) for b in members}
+    return (task or _gate_task).options(**opts).remote(spec_json(spec), refs, harness_ref, digest, boxes)
 
 
 def spec_json(spec) -> dict:
@@ -229,20 +285,21 @@ def spec_json(spec) -> dict:
     return {"kind": getattr(spec, "kind", "gate"), **dataclasses.asdict(spec)}
 
 
-def stream(gen, box: str, schedule_s: float, tick_s: float, tick: Callable[[], None],
-           on_event: Callable[[dict], None]) -> BoxResult:
+def stream(gen, where: str, resources: dict[str, float], schedule_s: float, tick_s: float,
+           tick: Callable[[], None], on_event: Callable[[dict], None]) -> BoxResult:
     """Drive the job: pass events to `on_event`, call `tick` (the heartbeat) every `tick_s`, return the
-    box's record parts. PlacementError when the box never starts it; JobLost when the box dies."""
+    box's record parts. PlacementError when no box starts it; JobLost when the box dies. `where`
+    ("box 'a'", "pool 'h100'") names the target in messages; `resources`: what the job asked for."""
     started, t0, noted = False, time.monotonic(), -QUEUE_NOTE_S
     while True:
         ready, _ = ray.wait([gen], timeout=tick_s)
         tick()
         if not ready:
             waited = time.monotonic() - t0
-            if not started and _box_busy(gen, box, waited, schedule_s) and waited - noted >= QUEUE_NOTE_S:
+            if not started and _busy(gen, where, resources, waited, schedule_s) and waited - noted >= QUEUE_NOTE_S:
                 noted = waited
                 on_event({"event": "step", "step": "queue", "status": "waiting",
-                          "detail": f"box {box} is running another job; queued {waited:.0f} s"})
+                          "detail": f"{where} is running other jobs; queued {waited:.0f} s"})
             continue
         ev = _next_event(gen)
         started = True
@@ -266,17 +323,19 @@ def _next_event(gen) -> dict:
         raise JobLost(f"the box died under the job: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
-def _box_busy(gen, box: str, waited: float, schedule_s: float) -> bool:
-    """True while another job holds the box (queueing); PlacementError when the box is gone, or free
-    and still not running the job after `schedule_s`."""
-    key = box_resource(box)
-    if key not in ray.cluster_resources():
+def _busy(gen, where: str, resources: dict[str, float], waited: float, schedule_s: float) -> bool:
+    """True while other jobs hold every box the job may go to (queueing); PlacementError when they
+    are all gone, or one is free and still not running the job after `schedule_s`. Per node: a named
+    box is busy when its own slot or its pool slot is taken, which cluster-wide sums cannot tell."""
+    nodes = _nodes_with(resources)
+    if not nodes:
         ray.cancel(gen, force=True)
-        raise PlacementError(f"box {box!r} went offline before it started the job")
-    if ray.available_resources().get(key, 0) < 1:  # another gate holds the box: queueing, not offline
-        return True
+        raise PlacementError(f"{where} went offline before it started the job")
+    free = ray._private.state.available_resources_per_node()
+    if not any(all(free.get(n, {}).get(k, 0) >= q for k, q in resources.items()) for n in nodes):
+        return True  # other jobs hold them: queueing, not offline
     if waited > schedule_s:
         ray.cancel(gen, force=True)
-        raise PlacementError(f"box {box!r} is free but did not start the job within {schedule_s:.0f} s: "
+        raise PlacementError(f"{where} is free but did not start the job within {schedule_s:.0f} s: "
                              "it is unreachable or cannot satisfy the request (GPUs, CPUs)")
     return False

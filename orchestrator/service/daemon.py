@@ -1,7 +1,7 @@
 """`orchestrator serve`'s long-running process: schedules, a job queue worker per box, the HTTP front.
 
 Threads: the main thread ticks the schedules and sweeps stale heartbeats; one worker per configured box
-runs that box's queued jobs (gates, a compare schedule's comparisons) one at a time (`service_run`); the HTTP server answers on its own threads,
+runs that box's (or its pool's: Ray picks the pool's box) queued jobs (gates, a compare schedule's comparisons) one at a time (`service_run`); the HTTP server answers on its own threads,
 each request with its own SQLite connection (WAL lets readers and the one writer proceed together).
 
 Shutdown (SIGTERM or SIGINT): stop taking requests, stop every worker (a running job is cancelled on
@@ -24,7 +24,7 @@ from pathlib import Path
 from orchestrator import db, owed
 from orchestrator.service import schedule
 from orchestrator.service import queue as service_queue
-from orchestrator.config import Config, ConfigError
+from orchestrator.config import Config, ConfigError, pool_label
 from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
 from orchestrator.driver.provenance import ProvenanceError, resolve
 from orchestrator.record import Record
@@ -63,10 +63,11 @@ class Backend:
         with self._conn() as conn:
             return owed.list_open(conn, head)
 
-    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[Record, bool]:
+    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool,
+                   pool: str | None = None) -> tuple[Record, bool]:
         with self._conn() as conn:
             try:
-                return service_queue.enqueue(conn, self.config, self.repo, head, box, grid, force, "api")
+                return service_queue.enqueue(conn, self.config, self.repo, head, box, grid, force, "api", pool)
             except (ConfigError, ProvenanceError, service_queue.QueueError) as e:
                 raise BadRequest(str(e)) from None
 
@@ -103,6 +104,7 @@ class Service:
     clock: Clock = field(default_factory=SystemClock)
     poll_s: float = 1.0  # schedule tick and queue poll period
     stop: threading.Event = field(default_factory=threading.Event)
+    box_task: object = None  # the remote function run on a box (None: the harness; the fleet simulation's fake)
 
     def __post_init__(self) -> None:
         self.ray = RayHandle(self.config.ray_address)
@@ -126,7 +128,7 @@ class Service:
         self.server = ApiServer(Backend(self.config, self.repo), self.host, self.port, self.token, self.names)
         serve_in_thread(self.server)
         for box in self.config.boxes:
-            t = threading.Thread(target=self._work, args=(box.name,), name=f"worker-{box.name}", daemon=True)
+            t = threading.Thread(target=self._work, args=(box.name, box.pool), name=f"worker-{box.name}", daemon=True)
             t.start()
             self.workers.append(t)
         return self.server.url
@@ -135,9 +137,11 @@ class Service:
         """The main loop, until `stop` is set (by SIGTERM/SIGINT when installed), then shut down."""
         conn = self._connect()
         scheduler = Scheduler(conn, self.schedules, lambda rev: resolve(self.repo, rev),
-                              lambda sha, grid, box: service_queue.has_binding_grid(conn, sha, grid, box),
+                              lambda sha, grid, box: any(service_queue.has_binding_grid(conn, sha, grid, b)
+                                                         for b in self._boxes_of(box)),
                               self._queue_grid, clock=self.clock,
-                              last_green=lambda box: db.last_green(conn, box), run_compare=self._start_compare)
+                              last_green=lambda box: db.last_green(conn, self._boxes_of(box)),
+                              run_compare=self._start_compare)
         sweep_every = max(1, int(self.config.timeouts.heartbeat_s / self.poll_s))
         try:
             for n in itertools.count():
@@ -159,27 +163,35 @@ class Service:
             service_queue.beat_queued(conn)
             service_queue.reconcile(conn, self.config.timeouts.stale_s)
 
+    def _boxes_of(self, target: str) -> tuple[str, ...]:
+        """A schedule's box, or its pool's boxes (a pool schedule's `box` is the pool's label)."""
+        pool = next((b.pool for b in self.config.boxes if b.pool and pool_label(b.pool) == target), None)
+        return tuple(b.name for b in self.config.pool(pool)) if pool else (target,)
+
     def _queue_grid(self, s: Schedule, sha: str) -> str:
         # force: has_binding_grid already decided a re-run is wanted (an owed grid is worth more legs)
         with _closing(self._connect()) as conn:
-            record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, s.box, s.grid, True,
-                                              f"schedule:{s.id}")
+            record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, None if s.pool else s.box, s.grid,
+                                              True, f"schedule:{s.id}", s.pool)
         return record.run_id
 
     def _start_compare(self, s: Schedule, base: str, sha: str) -> str:
         """A compare firing queues the comparison on its box's queue, behind that box's other jobs (an
         identical one already queued or running answers instead); the firing names its run id."""
         with _closing(self._connect()) as conn:
-            record, _ = service_queue.enqueue_compare(conn, self.config, self.repo, base, sha, s.box, s.grid,
-                                                      None, f"schedule:{s.id}")
+            record, _ = service_queue.enqueue_compare(conn, self.config, self.repo, base, sha,
+                                                      None if s.pool else s.box, s.grid, None, f"schedule:{s.id}",
+                                                      s.pool)
         return record.run_id
 
-    def _work(self, box: str) -> None:
+    def _work(self, box: str, pool: str | None) -> None:
+        """One job at a time: the oldest of this box's or its pool's. The pool's workers, one per box,
+        hand Ray as many pool jobs as the pool has boxes; Ray places each on an idle one."""
         conn = self._connect()
         try:
             while not self.stop.is_set():
                 try:
-                    job = service_queue.claim_next(conn, box)
+                    job = service_queue.claim_next(conn, box, pool)
                 except Exception:  # the database is locked or gone for a moment: retry next poll
                     log.exception("box %s: cannot read the queue", box)
                     job = None
@@ -188,7 +200,8 @@ class Service:
                     continue
                 log.info("box %s: running %s (%s)", box, job.run_id, job.source)
                 try:
-                    run_queued(self.config, conn, job, self.ray, self.stop, _log_event, lambda: self.stop_reason)
+                    run_queued(self.config, conn, job, self.ray, self.stop, _log_event, lambda: self.stop_reason,
+                               self.box_task)
                 except Exception:  # a bug here must not kill the worker or leave the run RUNNING forever
                     log.exception("box %s: run %s crashed in the service", box, job.run_id)
                     _record_crash(self.config, conn, job.run_id)
@@ -265,5 +278,6 @@ def _record_crash(config: Config, conn, run_id: str) -> None:
 def load_service(config: Config, config_path: str | Path | None, repo: str, host: str, port: int,
                  token: str | None = None, names: tuple[str, ...] = ()) -> Service:
     boxes = tuple(b.name for b in config.boxes)
-    schedules = schedule.load_schedules(config_path, boxes) if config_path else ()
+    pools = tuple(sorted({b.pool for b in config.boxes if b.pool}))
+    schedules = schedule.load_schedules(config_path, boxes, pools) if config_path else ()
     return Service(config, repo, schedules, host, port, token, names)

@@ -7,6 +7,7 @@
     GET  /api/runs/<id>      the stored run record
     GET  /api/owed           {"owed": [item...]}      ?head=SHA
     POST /api/gate           {"head": REV, "box": NAME, "grid": SPEC?, "force": false?} -> the run id
+                             ("pool": NAME instead of "box": any idle box of the pool)
 
 Errors are JSON `{"error": message}` with a 4xx status, and a rejected request queues nothing: 400 bad
 input (malformed or too deeply nested JSON, a missing or mistyped field, a control character, an
@@ -51,7 +52,7 @@ INTAKE_WAIT_S = 600.0  # a request waits this long for its archive step, then is
 RETRY_AFTER_S = 10
 _DIGITS = re.compile(r"[0-9]+")  # str.isdigit() also takes "²", which int() refuses
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_GATE_KEYS = {"head": str, "box": str, "grid": str, "force": bool}
+_GATE_KEYS = {"head": str, "box": str, "grid": str, "force": bool, "pool": str}
 _RUN_PAGE = re.compile(r"^/([A-Za-z0-9._-]+)\.html$")
 _RUN_API = re.compile(r"^/api/runs/([A-Za-z0-9._-]+)$")
 # Every answer: no script runs but a running run's poller, allowed by its hash (a script injected into
@@ -84,8 +85,10 @@ class Backend(Protocol):
     def runs(self, limit: int) -> list[dict]: ...
     def run(self, run_id: str) -> dict: ...  # NotFound when unknown
     def owed(self, head: str | None) -> list[dict]: ...
-    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool) -> tuple[dict, bool]:
-        """(the run record, whether it was newly queued); BadRequest for an unknown revision or box."""
+    def queue_gate(self, head: str, box: str | None, grid: str | None, force: bool,
+                   pool: str | None = None) -> tuple[dict, bool]:
+        """(the run record, whether it was newly queued); BadRequest for an unknown revision, box or
+        pool, or both a box and a pool."""
     def index_html(self) -> str: ...
     def report_html(self, run_id: str) -> str: ...  # NotFound when unknown
 
@@ -100,7 +103,7 @@ def summary(record: Record | dict) -> dict:
 
 
 def parse_gate_request(body: bytes) -> dict:
-    """The POST /api/gate body -> {"head", "box", "grid", "force"}; BadRequest naming the field."""
+    """The POST /api/gate body -> {"head", "box", "grid", "force", "pool"}; BadRequest naming the field."""
     try:
         req = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -120,8 +123,10 @@ def parse_gate_request(body: bytes) -> dict:
             raise BadRequest(f"body: field {key!r}: expected a non-empty {typ.__name__}, found {v!r}")
         if typ is str and v is not None and _CONTROL.search(v):
             raise BadRequest(f"body: field {key!r}: contains a control character ({v!r})")
+    if req.get("box") is not None and req.get("pool") is not None:
+        raise BadRequest("body: fields 'box' and 'pool': give one (a named box, or any idle box of a pool)")
     return {"head": req["head"], "box": req.get("box"), "grid": req.get("grid"),
-            "force": bool(req.get("force", False))}
+            "force": bool(req.get("force", False)), "pool": req.get("pool")}
 
 
 def _limit(query: dict) -> int:
@@ -203,8 +208,9 @@ class Handler(BaseHTTPRequestHandler):
                 raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{url.path}: use GET")
             raise NotFound(f"no route {url.path!r}")
         req = parse_gate_request(self._read_body())
+        pool = (req["pool"],) if req["pool"] is not None else ()  # a backend without pools is asked as before
         pending = self.server.intake.submit(  # type: ignore[attr-defined]
-            self.backend.queue_gate, req["head"], req["box"], req["grid"], req["force"])
+            self.backend.queue_gate, req["head"], req["box"], req["grid"], req["force"], *pool)
         try:
             record, created = pending.result(timeout=INTAKE_WAIT_S)
         except FutureTimeout:

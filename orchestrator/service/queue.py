@@ -1,5 +1,5 @@
 """The service's job queue: gates queued over HTTP or by a schedule, and a compare schedule's
-comparisons, run one at a time per box.
+comparisons, run one at a time per box: on a named box, or on any idle box of a pool (Ray picks).
 
 A queued job is a QUEUED row of the job ledger (`db.runs`, so `orchestrator runs` and the API see it
 at once) plus a `service_jobs` row saying what to run (kind, repo, revision, grid; a comparison's base
@@ -46,11 +46,16 @@ CREATE TABLE IF NOT EXISTS service_jobs (
   interrupted_at TEXT,
   kind TEXT NOT NULL DEFAULT 'gate',  -- gate | compare
   base TEXT,  -- compare: the base sha
-  arm TEXT  -- compare: the spec's arm both revisions run
+  arm TEXT,  -- compare: the spec's arm both revisions run
+  pool TEXT,  -- a pool job: any box of this pool (`box` then holds the pool's label, `pool:NAME`)
+  attempt INTEGER NOT NULL DEFAULT 1,  -- a pool job requeued after its box died: 2, ...
+  retry_of TEXT  -- the LOST run this attempt runs again
 );
 """
-# Columns a queue of gates only (before comparisons joined it) lacks; added at start.
-_ADDED = {"kind": "TEXT NOT NULL DEFAULT 'gate'", "base": "TEXT", "arm": "TEXT"}
+# Columns an older queue lacks (gates only, then no pools); added at start.
+_ADDED = {"kind": "TEXT NOT NULL DEFAULT 'gate'", "base": "TEXT", "arm": "TEXT", "pool": "TEXT",
+          "attempt": "INTEGER NOT NULL DEFAULT 1", "retry_of": "TEXT"}
+_JOB_COLUMNS = "run_id, box, repo, rev, grid, source, kind, base, arm, pool, attempt, retry_of"
 _ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
 
 
@@ -68,6 +73,11 @@ class QueuedJob:
     kind: str = "gate"  # gate | compare
     base: str | None = None  # compare: the base sha
     arm: str | None = None  # compare: the arm
+    pool: str | None = None  # any box of this pool (Ray picks); `box` is then the pool's label
+    attempt: int = 1
+    retry_of: str | None = None
+
+
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
@@ -80,45 +90,47 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
 
 
 def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str, box: str | None,
-            grid: str | None, force: bool, source: str) -> tuple[Record, bool]:
-    """(record, queued): a new QUEUED run, or the existing run the idempotency rule returns.
+            grid: str | None, force: bool, source: str, pool: str | None = None) -> tuple[Record, bool]:
+    """(record, queued): a new QUEUED run, or the existing run the idempotency rule returns. `pool`
+    instead of `box`: any idle box of the pool, which Ray picks when the job's turn comes.
 
-    Raises ConfigError (unknown box), ProvenanceError (unknown revision) or QueueError (unknown grid
-    spec) before writing anything.
+    Raises ConfigError (unknown box or pool), ProvenanceError (unknown revision) or QueueError
+    (unknown grid spec) before writing anything.
     """
-    box_cfg = config.box(box)
+    label, digest, _ = config.target(box, pool)
     arch = archive(repo, rev)
     if grid is not None:
         grid = check_grid(arch, grid)
-    key = idempotency_key(arch, grid, box_cfg.name, config.digest(box_cfg),
-                          harness_digest=service_harness(config.trusted_root).digest)
+    key = idempotency_key(arch, grid, label, digest, harness_digest=service_harness(config.trusted_root).digest)
     with _ENQUEUE:
         reuse = db.reusable(conn, key)
         if not force and (done := reuse.record) is not None:
             return done, False
         if (pending := _pending(conn, key)) is not None:  # never queue the same gate twice at once
             return pending, False
-        record = new_record(arch, box_cfg.name, db.new_run_id(arch.sha))
+        record = new_record(arch, label, db.new_run_id(arch.sha))
         if reuse.refused is not None:  # a forged or unsigned identical run: the new run's record says so
             record.not_run.append(reuse.refused)
-        _insert(conn, record, key, QueuedJob(record.run_id, box_cfg.name, arch.repo, arch.sha, grid, source))
+        _insert(conn, record, key, QueuedJob(record.run_id, label, arch.repo, arch.sha, grid, source, pool=pool))
     return record, True
 
 
 def enqueue_compare(conn: sqlite3.Connection, config: Config, repo: str | Path, base: str, head: str,
-                    box: str | None, grid: str, arm: str | None, source: str) -> tuple[Record, bool]:
+                    box: str | None, grid: str, arm: str | None, source: str,
+                    pool: str | None = None) -> tuple[Record, bool]:
     """(record, queued): a new QUEUED comparison of `head` against `base`, or the identical one already
-    queued or running. Raises as `compare.run_compare` does before it writes anything."""
-    box_cfg = config.box(box)
+    queued or running. Raises as `compare.run_compare` does before it writes anything. A pool's
+    comparison still runs both sides on the one box Ray picks: a verdict compares legs of one box."""
+    label, digest, _ = config.target(box, pool)
     pair = compare.archives(str(repo), base, head)
     grid, arm = compare.checked_grid(pair, grid, arm)
-    key = "|".join(("compare", pair.base.sha, pair.head.sha, grid, arm, box_cfg.name, config.digest(box_cfg)))
+    key = "|".join(("compare", pair.base.sha, pair.head.sha, grid, arm, label, digest))
     with _ENQUEUE:
         if (pending := _pending(conn, key)) is not None:
             return pending, False
-        record = compare.new_record(pair, box_cfg.name, grid, arm, db.new_run_id(pair.head.sha))
-        _insert(conn, record, key, QueuedJob(record.run_id, box_cfg.name, pair.head.repo, pair.head.sha, grid,
-                                             source, "compare", pair.base.sha, arm))
+        record = compare.new_record(pair, label, grid, arm, db.new_run_id(pair.head.sha))
+        _insert(conn, record, key, QueuedJob(record.run_id, label, pair.head.repo, pair.head.sha, grid,
+                                             source, "compare", pair.base.sha, arm, pool))
     return record, True
 
 
@@ -126,11 +138,20 @@ def _insert(conn: sqlite3.Connection, record: Record, key: str, job: QueuedJob) 
     # The job row goes first: a crash between the two leaves a job row no worker can match to a
     # run (ignored), never a QUEUED run that nothing will ever pick up.
     with db.transaction(conn):
-        conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at, kind, base, arm)"
-                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.execute("INSERT INTO service_jobs (run_id, box, repo, rev, grid, source, queued_at, kind, base, arm,"
+                     " pool, attempt, retry_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (job.run_id, job.box, job.repo, job.rev, job.grid, job.source, db.utc_now(), job.kind,
-                      job.base, job.arm))
+                      job.base, job.arm, job.pool, job.attempt, job.retry_of))
     db.insert_queued(conn, record, key)
+
+
+def insert_retry(conn: sqlite3.Connection, job: QueuedJob, record: Record) -> None:
+    """`record` (new, QUEUED) as the next attempt of `job`, whose box died under it: a row of its own
+    under the same identical-gate key, at the back of the queue (oldest first still holds)."""
+    key = conn.execute("SELECT idem_key FROM runs WHERE run_id = ?", (job.run_id,)).fetchone()[0]
+    again = QueuedJob(record.run_id, job.box, job.repo, job.rev, job.grid, f"requeue:{job.run_id}", job.kind,
+                      job.base, job.arm, job.pool, job.attempt + 1, job.run_id)
+    _insert(conn, record, key, again)
 
 
 def _pending(conn: sqlite3.Connection, key: str) -> Record | None:
@@ -139,13 +160,15 @@ def _pending(conn: sqlite3.Connection, key: str) -> Record | None:
     return db.load(row[0]) if row else None
 
 
-def claim_next(conn: sqlite3.Connection, box: str) -> QueuedJob | None:
-    """The oldest unclaimed QUEUED job of `box`, claimed for this worker (one claim wins)."""
+def claim_next(conn: sqlite3.Connection, box: str, pool: str | None = None) -> QueuedJob | None:
+    """The oldest unclaimed QUEUED job of `box` or of its `pool`, claimed for this worker (one claim
+    wins). A pool job claimed here may run on another box of the pool: Ray places it."""
+    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
     with db.transaction(conn):
         row = conn.execute(
-            "SELECT j.run_id, j.box, j.repo, j.rev, j.grid, j.source, j.kind, j.base, j.arm FROM service_jobs j"
-            " JOIN runs r ON r.run_id = j.run_id WHERE j.box = ? AND r.state = 'QUEUED'"
-            " AND j.claimed_at IS NULL ORDER BY j.seq LIMIT 1", (box,)).fetchone()
+            f"SELECT {cols} FROM service_jobs j JOIN runs r ON r.run_id = j.run_id"
+            " WHERE (j.box = ? OR j.pool = ?) AND r.state = 'QUEUED'"
+            " AND j.claimed_at IS NULL ORDER BY j.seq LIMIT 1", (box, pool)).fetchone()
         if row is None:
             return None
         conn.execute("UPDATE service_jobs SET claimed_at = ? WHERE run_id = ?", (db.utc_now(), row[0]))

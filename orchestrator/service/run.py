@@ -7,6 +7,11 @@ the queued sha(s) (each md5 must match the one recorded at queue time), places t
 own `placement.place`, and on a stop (the box's task cancelled there) records the interruption instead
 of a result. A finished job is recorded exactly as the CLI records it (`gate.finish_run` or
 `compare.finish_compare`: state, report, owed-ledger sync in one transaction).
+
+A pool job whose box died under it (LOST) is queued again, `config.requeue` times at most, as a new
+run of its own (one row per attempt: the LOST row stays, naming the run that tries again), before
+the LOST row is stored: a crash between the two leaves the retry queued and the old row to the
+stale-heartbeat sweep, never a job lost for good.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import ray
 
 from orchestrator import db
 from orchestrator.box.job import JobSpec
-from orchestrator.config import Config
+from orchestrator.config import Config, ConfigError, pool_label
 from orchestrator.driver import compare, gate
 from orchestrator.driver.gate import hidden_paths
 from orchestrator.driver.harness import HarnessError, service_harness
@@ -54,20 +59,23 @@ class Refused(Exception):
 
 def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop: threading.Event,
                progress: Callable[[dict], None] = lambda ev: None,
-               stop_reason: Callable[[], str] = lambda: "shutdown") -> Record | None:
+               stop_reason: Callable[[], str] = lambda: "shutdown", task=None) -> Record | None:
     """Run `job` (a gate or a comparison); its final record, or None when a stop interrupted it (the
-    row says how)."""
+    row says how). `task`: the remote function run on the box (the fleet simulation's fake)."""
     t0 = time.monotonic()
     record = db.get(conn, job.run_id)
     sides = record.compare  # a comparison's driver-side halves, as queued
-    box_cfg = config.box(job.box)
     try:
+        # a pool job's spec carries the pool's first box until Ray picks one (same GPUs: config.py)
+        box_cfg = config.pool(job.pool)[0] if job.pool else config.box(job.box)
         spec, arch = (_compare_spec if job.kind == "compare" else _gate_spec)(config, job, record, box_cfg)
-    except Refused as e:
+    except (Refused, ConfigError) as e:  # ConfigError: the box or pool left the config since queueing
         record.error = str(e)
         return finish(config, conn, record, t0, sides)
-    started = _place(config, conn, spec, arch, record, ray_handle, stop, progress)
+    started = _place(config, conn, spec, arch, record, ray_handle, stop, progress, job.pool, task)
     if started is None:
+        if record.state == "LOST":
+            _requeue_lost(config, conn, job, arch, record)
         return finish(config, conn, record, t0, sides)
     if started:
         service_queue.mark_interrupted(conn, record, f"the service stopped ({stop_reason()}) while the job ran")
@@ -82,6 +90,19 @@ def finish(config: Config, conn, record: Record, t0: float, sides=None) -> Recor
     if record.kind == "compare":
         return compare.finish_placed(config, conn, record, sides or record.compare, t0)
     return gate.finish_run(config, conn, record, t0)
+
+
+def _requeue_lost(config: Config, conn, job: QueuedJob, arch, record: Record) -> None:
+    """A pool job whose box died: queue its next attempt (another box of the pool will take it, the
+    dead one being gone from Ray), and say so in the LOST record."""
+    if job.pool is None or job.attempt > config.requeue:
+        return
+    run_id = db.new_run_id(record.head.sha)
+    label = pool_label(job.pool)
+    again = (compare.new_record(arch, label, job.grid, job.arm, run_id) if job.kind == "compare"
+             else gate.new_record(arch, label, run_id))
+    service_queue.insert_retry(conn, job, again)
+    record.error = f"{record.error}; requeued on pool {job.pool} as run {run_id} (attempt {job.attempt + 1})"
 
 
 def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[JobSpec, object]:
@@ -112,7 +133,7 @@ def _archive(repo: str, rev: str, md5: str | None, side: str):
     return arch
 
 
-def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool | None:
+def _place(config, conn, spec, arch, record, ray_handle, stop, progress, pool, task) -> bool | None:
     """Run the job on its box; None when it ended (record filled), else whether the box had started it."""
     started = [False]
 
@@ -124,7 +145,7 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress) -> bool
         record.trusted = harness.to_json()
         ray_handle.ensure(spec.box)
         place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record.run_id}),
-              on_started, stop.is_set, harness=harness)
+              on_started, stop.is_set, harness=harness, pool=pool, task=task)
     except (PlacementError, HarnessError) as e:  # Ray could not be started or joined; no trusted harness
         note_placement_failure(record, e)
     except Interrupted:

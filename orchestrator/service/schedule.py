@@ -52,12 +52,13 @@ class Schedule:
     cron: str
     rev: str  # resolved at fire time, so `main` means the tip of main when the firing happens
     grid: str  # grid spec name
-    box: str
+    box: str  # a box's name, or a pool's label (`pool:NAME`) when `pool` is set
     timezone: str = "UTC"
     catch_up: str = "skip"
     always: bool = False  # re-run even when the resolved sha already has a binding grid
     kind: str = "gate"  # gate | compare
     base: str | None = None  # compare only: a revision, or `last-green`
+    pool: str | None = None  # any idle box of this pool instead of a named box
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,18 @@ class FakeClock:
 
 # --- config -----------------------------------------------------------------------------------------
 
-_KEYS = {"id", "cron", "rev", "grid", "box", "timezone", "catch_up", "always", "kind", "base"}
+_KEYS = {"id", "cron", "rev", "grid", "box", "timezone", "catch_up", "always", "kind", "base", "pool"}
 
 
-def parse_schedules(raw: Any, source: str = "orchestrator.yaml",
-                    boxes: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
-    """The `schedules` section (a list of mappings) -> Schedules; `boxes` when given must name each box."""
+def parse_schedules(raw: Any, source: str = "orchestrator.yaml", boxes: tuple[str, ...] | None = None,
+                    pools: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
+    """The `schedules` section (a list of mappings) -> Schedules; `boxes` (`pools`) when given must
+    name each schedule's box (pool)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise ScheduleError(f"{source}: schedules: expected a list, found {type(raw).__name__}")
-    out = [_parse_one(item, f"{source}: schedules[{i}]", boxes) for i, item in enumerate(raw)]
+    out = [_parse_one(item, f"{source}: schedules[{i}]", boxes, pools) for i, item in enumerate(raw)]
     ids = [s.id for s in out]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -108,18 +110,20 @@ def parse_schedules(raw: Any, source: str = "orchestrator.yaml",
     return tuple(out)
 
 
-def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None) -> Schedule:
+def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None, pools: tuple[str, ...] | None) -> Schedule:
     if not isinstance(item, Mapping):
         raise ScheduleError(f"{where}: expected a mapping, found {type(item).__name__}")
     unknown = sorted(set(item) - _KEYS)
     if unknown:
         raise ScheduleError(f"{where}: unknown key {unknown[0]!r} (expected one of {sorted(_KEYS)})")
-    for key in ("id", "cron", "rev", "grid", "box"):
+    pool = _pool(item, where)
+    for key in ("id", "cron", "rev", "grid") + (() if pool else ("box",)):
         if not isinstance(item.get(key), str) or not item[key].strip():
             raise ScheduleError(f"{where}.{key}: expected a non-empty string, found {item.get(key)!r}")
-    s = Schedule(id=item["id"], cron=item["cron"], rev=item["rev"], grid=item["grid"], box=item["box"],
+    s = Schedule(id=item["id"], cron=item["cron"], rev=item["rev"], grid=item["grid"],
+                 box=f"pool:{pool}" if pool else item["box"],  # service/queue.py: pool_label
                  timezone=item.get("timezone", "UTC"), catch_up=item.get("catch_up", "skip"),
-                 always=item.get("always", False), kind=item.get("kind", "gate"), base=item.get("base"))
+                 always=item.get("always", False), kind=item.get("kind", "gate"), base=item.get("base"), pool=pool)
     if not croniter.is_valid(s.cron):
         raise ScheduleError(f"{where}.cron: invalid cron expression {s.cron!r}")
     try:
@@ -131,9 +135,23 @@ def _parse_one(item: Any, where: str, boxes: tuple[str, ...] | None) -> Schedule
     if not isinstance(s.always, bool):
         raise ScheduleError(f"{where}.always: expected true or false, found {s.always!r}")
     _check_kind(s, where)
-    if boxes is not None and s.box not in boxes:
+    if boxes is not None and not pool and s.box not in boxes:
         raise ScheduleError(f"{where}.box: unknown box {s.box!r} (configured: {', '.join(boxes)})")
+    if pools is not None and pool and pool not in pools:
+        raise ScheduleError(f"{where}.pool: unknown pool {pool!r} (configured: {', '.join(pools) or 'none'})")
     return s
+
+
+def _pool(item: Mapping, where: str) -> str | None:
+    """The schedule's pool, or None when it names a box; a schedule names one or the other."""
+    pool = item.get("pool")
+    if pool is None:
+        return None
+    if not isinstance(pool, str) or not pool.strip():
+        raise ScheduleError(f"{where}.pool: expected a non-empty string, found {pool!r}")
+    if item.get("box") is not None:
+        raise ScheduleError(f"{where}: box {item['box']!r} and pool {pool!r}: give one (a box, or any box of a pool)")
+    return pool
 
 
 def _check_kind(s: Schedule, where: str) -> None:
@@ -147,7 +165,8 @@ def _check_kind(s: Schedule, where: str) -> None:
                             "set kind: compare, or remove base")
 
 
-def load_schedules(path, boxes: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
+def load_schedules(path, boxes: tuple[str, ...] | None = None,
+                   pools: tuple[str, ...] | None = None) -> tuple[Schedule, ...]:
     """Read the `schedules` section of an orchestrator.yaml; a missing file or section has none."""
     p = Path(path)
     if not p.exists():
@@ -158,7 +177,7 @@ def load_schedules(path, boxes: tuple[str, ...] | None = None) -> tuple[Schedule
         raise ScheduleError(f"{p}: not valid YAML: {e}") from None
     if not isinstance(data, Mapping):
         raise ScheduleError(f"{p}: expected a mapping at the top level, found {type(data).__name__}")
-    return parse_schedules(data.get("schedules"), str(p), boxes)
+    return parse_schedules(data.get("schedules"), str(p), boxes, pools)
 
 
 # --- cron arithmetic --------------------------------------------------------------------------------
