@@ -80,8 +80,8 @@ class Timeouts:
     lock_s: float = 3600.0
     build_s: float = 1800.0
     idle_wait_s: float = 300.0
-    heartbeat_s: float = 5.0
-    stale_s: float = 120.0  # a RUNNING row whose heartbeat is older than this, at start, is LOST
+    heartbeat_s: float = 5.0  # the driver beats the row, and the box says `alive`, this often
+    stale_s: float = 120.0  # a RUNNING row beaten longer ago, at start, is LOST; so is a started box silent this long
 
 
 @dataclass(frozen=True)

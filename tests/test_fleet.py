@@ -1,6 +1,7 @@
 """A fleet on this machine (issue 53): the simulation in small (4 boxes in two pools as Ray nodes, 12
 queued pool gates run by the service with a timed fake job, one box killed mid-job; `scripts/fleet_sim.py`
-runs the full version), and the service end to end with two pools and the real harness."""
+runs the full version), a box that wedges mid-job while its Ray node lives on, and the service end to
+end with two pools and the real harness."""
 from __future__ import annotations
 
 import http.client
@@ -12,15 +13,20 @@ import time
 from pathlib import Path
 
 import ray
+import ray.cloudpickle
+import yaml
 from ray.cluster_utils import Cluster
 
 from orchestrator import db
-from orchestrator.config import BoxConfig
-from orchestrator.driver.placement import node_labels, node_resources
-from orchestrator.service.daemon import Service
+from orchestrator.config import BoxConfig, load_config
+from orchestrator.driver.placement import box_spec, box_resource, node_labels, node_resources, pool_resource, whoami
+from orchestrator.service import queue as service_queue
+from orchestrator.service.daemon import Service, connect
 from service_support import config_for, make_repo
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fleet_sim.py"
+STALE_S = 3
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the box tasks below go to Ray's workers by value
 
 
 def load_sim():
@@ -56,6 +62,82 @@ def test_a_small_fleet_survives_a_dead_box(tmp_path):
     assert sorted(x["sha"] for x in journal) == sorted(r[0] for r in conn.execute("SELECT sha FROM runs"
                                                                                    " WHERE state = 'PASSED'"))
     conn.close()
+
+
+def wedge_first(marker: str):
+    """The box's job, faked: the first one to start writes its box's name to `marker` and hangs there
+    forever, saying nothing (a wedged worker: its Ray node lives on); every other one passes at once."""
+    def run(spec, tar_refs, harness, digest, members):
+        ident = whoami()
+        yield {"event": "started", **ident}
+        spec, _ = box_spec(spec, ident["name"], members)
+        try:
+            with open(marker, "x") as f:
+                f.write(ident["name"])
+            time.sleep(3600)
+        except FileExistsError:
+            pass
+        suite = {"name": "quick", "state": "GREEN", "tests_passed": 1, "tests_total": 1, "duration_s": 0.0}
+        yield {"event": "result", "parts": {"box": {**{k: ident[k] for k in ("name", "node_id", "labels")},
+                                                    "backend": "cpu", "gpu": ident["labels"].get("gpu")},
+                                            "suites": [suite]}}
+    return ray.remote(run)
+
+
+@ray.remote(num_cpus=0)
+def occupy(s: float) -> None:
+    time.sleep(s)
+
+
+def _wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (got := cond()):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def test_a_pool_job_on_a_box_that_stops_answering_is_lost_and_runs_again_elsewhere(tmp_path):
+    """Two boxes of pool h100; the job's box wedges after it started. The driver hears nothing for
+    stale_s, cancels the task and records LOST naming the box; the retry runs on the other box (the
+    wedged one is kept busy, as a wedged box would be to a second job)."""
+    sim = load_sim()
+    fleet = [BoxConfig(f"w{i}", lock_path=str(tmp_path / f"w{i}.lock"), pool="h100") for i in range(2)]
+    repo, (sha,) = sim.make_repo(tmp_path, 1)
+    cfg = {"db_path": str(tmp_path / "regate.db"), "reports_dir": str(tmp_path / "reports"), "requeue": 1,
+           "timeouts": {"heartbeat_s": 0.25, "stale_s": STALE_S, "schedule_s": 60},
+           "boxes": [{"name": b.name, "lock_path": b.lock_path, "pool": b.pool} for b in fleet]}
+    (tmp_path / "orchestrator.yaml").write_text(yaml.safe_dump(cfg))
+    config, marker = load_config(tmp_path / "orchestrator.yaml"), tmp_path / "wedged"
+    cluster, _ = sim.start_cluster(fleet)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    conn, svc = connect(config), Service(config, str(repo), port=0, poll_s=0.05, box_task=wedge_first(str(marker)))
+    try:
+        first, _ = service_queue.enqueue(conn, config, str(repo), sha, None, None, False, "test", pool="h100")
+        svc.start()
+        wedged = _wait_for(lambda: marker.exists() and marker.read_text(), 60, "the job to start")
+        # queued behind the wedged job on its box: takes the box once the driver cancels that job
+        occupy.options(resources={box_resource(wedged): 1, pool_resource("h100"): 1}).remote(120)
+        _wait_for(lambda: conn.execute("SELECT COUNT(*) FROM runs WHERE state NOT IN ('QUEUED', 'RUNNING')")
+                  .fetchone()[0] == 2, 90, "the job and its retry to end")
+        rows = conn.execute("SELECT r.run_id, r.box, r.state, j.attempt, j.retry_of, r.record FROM runs r"
+                            " JOIN service_jobs j ON j.run_id = r.run_id ORDER BY j.attempt").fetchall()
+        green = db.last_green(conn, (fleet[0].name, fleet[1].name))
+    finally:
+        svc.shutdown()
+        conn.close()
+        ray.shutdown()
+        cluster.shutdown()
+    # two rows, one per attempt: nothing recorded twice
+    (lost_id, lost_box, lost_state, _, _, lost), (retry_id, retry_box, retry_state, attempt, retry_of, _) = rows
+    error = json.loads(lost)["error"]
+    assert (lost_id, lost_box, lost_state) == (first.run_id, wedged, "LOST"), error
+    assert error.startswith(f"box '{wedged}' stopped answering: no event for {STALE_S} s; requeued on pool h100"
+                            f" as run {retry_id} (attempt 2)"), error
+    assert (retry_state, attempt, retry_of) == ("PASSED", 2, first.run_id)
+    assert retry_box != wedged and retry_box in {b.name for b in fleet}
+    assert green == sha
 
 
 def test_serve_with_two_pools_end_to_end(tmp_path):

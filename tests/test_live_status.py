@@ -105,7 +105,7 @@ def test_a_progress_event_during_a_fake_run_updates_the_api_record_while_running
     quick, slow = suite("quick"), suite("slow", "RED")
     seen = {}
 
-    def fake_stream(gen, where, resources, schedule_s, tick_s, tick, on_event):  # the box's events, without Ray
+    def fake_stream(gen, where, resources, schedule_s, tick_s, tick, on_event, stale_s):  # the box's events, without Ray
         on_event({"event": "started", "name": "boxa", "node_id": "n0", "task_id": "t0", "pid": 1})
         on_event({"event": "step", "step": "build", "status": "done", "detail": "a marker"})
         seen["build"] = server.record(record.run_id)
@@ -119,7 +119,7 @@ def test_a_progress_event_during_a_fake_run_updates_the_api_record_while_running
                          suites=[quick, slow])
     monkeypatch.setattr(placement, "check_resources", lambda resources, where: None)
     monkeypatch.setattr(placement.ray, "put", lambda obj: "ref")
-    monkeypatch.setattr(placement, "submit", lambda spec, ref, harness_ref, digest, members, task: "gen")
+    monkeypatch.setattr(placement, "submit", lambda spec, ref, harness_ref, digest, members, task, heartbeat_s: "gen")
     monkeypatch.setattr(placement, "stream", fake_stream)
     events = []
     placement.place(config, conn, spec, arch, record, events.append)

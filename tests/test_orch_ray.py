@@ -237,7 +237,7 @@ def test_lock_held_by_flock_times_out(cluster, env):
 
 def test_hanging_suite_is_killed(cluster, env):
     tmp_path, config = env
-    cfg = config("none")
+    cfg = config("none", stale_s=3)  # the suite is quiet for 8 s: only the box's `alive` keeps the job from LOST
     pids = tmp_path / "pids"
     repo = _repo(tmp_path, {"tests/test_hang.py": hanging_test(pids), "tests/test_ok.py": PASSING_TEST},
                  [suite("hang", "tests/test_hang.py", 1, 1, timeout_s=8), suite("fast", "tests/test_ok.py", 2, 3)])

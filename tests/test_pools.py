@@ -203,3 +203,54 @@ def test_a_named_job_waits_for_a_pool_job_on_its_box(tmp_path):
             placement.check_resources(placement.job_resources(a1, "h200"), "pool 'h200'")
     finally:
         ray.shutdown()
+
+
+class Box:
+    """A box's task as `stream` sees it, on a fake clock: `script` is (second, event) in order; the
+    fake `ray.wait` says ready when the next event is due within its timeout, else lets the time pass."""
+
+    def __init__(self, script: list[tuple[float, dict]]):
+        self.script, self.now, self.cancelled = list(script), 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, refs, timeout):
+        assert self.now < 100, "the driver is still waiting on a box silent for 100 s"
+        if self.script and self.script[0][0] <= self.now + timeout:
+            self.now = max(self.now, self.script[0][0])
+            return refs, []
+        self.now += timeout
+        return [], refs
+
+    def __next__(self) -> dict:
+        return self.script.pop(0)[1]
+
+
+def stream_on(box: Box, monkeypatch, seen: list) -> placement.BoxResult:
+    monkeypatch.setattr(placement, "time", box)  # the module's clock only: `stream` reads time.monotonic()
+    monkeypatch.setattr(placement.ray, "wait", box.wait)
+    monkeypatch.setattr(placement.ray, "get", lambda ev: ev)  # `next(gen)` is the event itself here
+    monkeypatch.setattr(placement.ray, "cancel", lambda gen, force=False: box.cancelled.append(force))
+    return placement.stream(box, "pool 'h100'", {"pool:h100": 1}, 60.0, 0.5, lambda: None, seen.append, stale_s=3.0)
+
+
+STARTED = {"event": "started", "name": "b03", "node_id": "n3", "task_id": "t", "pid": 1}
+
+
+def test_a_box_silent_past_stale_s_is_lost_naming_the_box(monkeypatch):
+    box, seen = Box([(0.0, STARTED), (1.0, {"event": "step", "step": "build", "status": "done"})]), []
+    with pytest.raises(placement.JobLost, match=r"^box 'b03' stopped answering: no event for 3 s$"):
+        stream_on(box, monkeypatch, seen)
+    assert box.cancelled == [True]  # the wedged task is cancelled (forced), not waited on
+    assert 4.0 < box.now <= 4.5  # declared one tick after the silence passed stale_s, not before
+    assert [e["event"] for e in seen] == ["started", "step"]
+
+
+def test_alive_events_keep_a_quiet_box_running_and_are_no_progress(monkeypatch):
+    alive = [(float(s), {"event": "alive"}) for s in range(2, 20, 2)]
+    result = {"event": "result", "parts": {"box": {"name": "b03"}}}
+    box, seen = Box([(0.0, STARTED), *alive, (21.0, result)]), []
+    parts = stream_on(box, monkeypatch, seen)
+    assert parts.box["name"] == "b03" and box.cancelled == []
+    assert seen == [STARTED]  # `alive` reaches neither the record's steps, the row's live step, nor the display

@@ -7,8 +7,11 @@ it), or for one `pool:POOL` slot, which Ray's own placement gives to an idle box
 the box's GPUs, with `max_retries=0`: whether to retry is the service's decision, never Ray's. A pool
 job learns its box on the box (`whoami`) and takes that box's settings and lock. A box that
 is absent never hangs the head: it is refused up front, and a job a free box does not start within the
-scheduling timeout is cancelled with a message naming the box. `place` is the one way a run reaches
-its box, for the CLI gate and the service alike.
+scheduling timeout is cancelled with a message naming the box. Once started, the box's task says
+`alive` every `heartbeat_s` while the harness is quiet; a box that says nothing for `stale_s` (its
+worker wedged or cut off while its Ray node lives on, which Ray never reports) is cancelled and the
+job is LOST, as when the node dies. `place` is the one way a run reaches its box, for the CLI gate and
+the service alike.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ if TYPE_CHECKING:  # the driver never imports the box side for the box: the box 
 
 
 QUEUE_NOTE_S = 30.0  # how often a job queued behind another on its box says so
+HEARTBEAT_S = 5.0  # how often the box's task says `alive`, when the spec does not say (`timeouts.heartbeat_s`)
 CANCEL_WAIT_S = 20.0  # how long a stop waits for the box's task to kill its process groups
 
 
@@ -44,7 +48,7 @@ class PlacementError(Exception):
 
 
 class JobLost(Exception):
-    """The box died under the job (worker or node killed): the result is unknown."""
+    """The box died under the job (worker or node killed) or stopped answering: the result is unknown."""
 
 
 class Interrupted(Exception):
@@ -87,8 +91,11 @@ def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress:
         refs = [ray.put(t) for t in getattr(arch, "tarballs", (arch.tarball,))]
         harness_ref = ray.put(harness.tarball)
         put_s = time.monotonic() - t
-        gen = submit(spec, refs, harness_ref, harness.digest, members, task or _gate_task)
-        parts = stream(gen, where, resources, config.timeouts.schedule_s, config.timeouts.heartbeat_s, tick, on_event)
+        timeouts = config.timeouts
+        gen = submit(spec, refs, harness_ref, harness.digest, members, task or _gate_task,
+                     heartbeat_s=timeouts.heartbeat_s)
+        parts = stream(gen, where, resources, timeouts.schedule_s, timeouts.heartbeat_s, tick, on_event,
+                       stale_s=timeouts.stale_s)
         record.merge(parts, put_s)
     except PLACEMENT_FAILURES as e:
         note_placement_failure(record, e)
@@ -219,9 +226,12 @@ def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str, members:
     """The job on its box: the trusted harness run as a process of its own (`driver/launch.py`), its
     events streamed back. Imports nothing of the box side here (this worker's path is not trusted).
     `harness` arrives as bytes: Ray resolves an object ref passed as an argument. `members`: a pool
-    job's boxes by name, whose entry for this box becomes the spec's box (its lock, its markers)."""
+    job's boxes by name, whose entry for this box becomes the spec's box (its lock, its markers). While
+    the harness is quiet it says `alive` every `spec["heartbeat_s"]`: the driver's sign the box lives."""
     ident = whoami()
     yield {"event": "started", **ident}
+    spec = dict(spec)
+    beat_s = spec.pop("heartbeat_s", HEARTBEAT_S)  # the driver's setting, not the harness's: kept from it
     spec, why = box_spec(spec, ident["name"], members)
     if why:
         yield {"event": "result", "parts": {"error": why}}
@@ -244,12 +254,17 @@ def _gate_task(spec: dict, tar_refs: list, harness: bytes, digest: str, members:
             events.put({"event": "result", "parts": {"error": f"the box could not run the harness: {type(e).__name__}: {e}"}})
     worker = threading.Thread(target=body, name=f"gate-{spec['run_id']}", daemon=True)
     worker.start()
+    said = time.monotonic()
     try:
         while True:
             try:  # a timed wait: Ray's cancel interrupts this thread, which a plain get() never notices
-                ev = events.get(timeout=0.25)
+                ev = events.get(timeout=min(0.25, beat_s))
             except queue.Empty:
+                if time.monotonic() - said >= beat_s:  # a quiet harness (a long build, a long suite)
+                    said = time.monotonic()
+                    yield {"event": "alive"}
                 continue
+            said = time.monotonic()
             yield ev
             if ev["event"] == "result":
                 return
@@ -269,15 +284,18 @@ def box_spec(spec: dict, name: str | None, members: dict) -> tuple[dict, str | N
     return {**spec, "box": members[name]}, None
 
 
-def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str, members=(), task=None) -> "ray.ObjectRefGenerator":
+def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str, members=(), task=None,
+           heartbeat_s: float = HEARTBEAT_S) -> "ray.ObjectRefGenerator":
     """The job's task on its box (`members`: a pool job's boxes, any of which Ray may pick);
-    `tarball_refs`: one ref, or a list (a comparison's base and head)."""
+    `tarball_refs`: one ref, or a list (a comparison's base and head); `heartbeat_s`: how often the
+    box says `alive` while its harness is quiet (it travels in the spec; the harness never sees it)."""
     pool = members[0].pool if members else None
     opts = dict(resources=job_resources(spec.box, pool), num_gpus=spec.box.gpus, num_cpus=1,
                 max_retries=0, name=f"{getattr(spec, 'kind', 'gate')}:{spec.run_id}")
     refs = tarball_refs if isinstance(tarball_refs, list) else [tarball_refs]
     boxes = {b.name: dataclasses.asdict(b) for b in members}
-    return (task or _gate_task).options(**opts).remote(spec_json(spec), refs, harness_ref, digest, boxes)
+    sent = {**spec_json(spec), "heartbeat_s": heartbeat_s}
+    return (task or _gate_task).options(**opts).remote(sent, refs, harness_ref, digest, boxes)
 
 
 def spec_json(spec) -> dict:
@@ -286,26 +304,43 @@ def spec_json(spec) -> dict:
 
 
 def stream(gen, where: str, resources: dict[str, float], schedule_s: float, tick_s: float,
-           tick: Callable[[], None], on_event: Callable[[dict], None]) -> BoxResult:
+           tick: Callable[[], None], on_event: Callable[[dict], None], *, stale_s: float) -> BoxResult:
     """Drive the job: pass events to `on_event`, call `tick` (the heartbeat) every `tick_s`, return the
-    box's record parts. PlacementError when no box starts it; JobLost when the box dies. `where`
-    ("box 'a'", "pool 'h100'") names the target in messages; `resources`: what the job asked for."""
+    box's record parts. PlacementError when no box starts it; JobLost when the box dies, or says
+    nothing (not even `alive`) for `stale_s` once started. `where` ("box 'a'", "pool 'h100'") names the
+    target in messages; `resources`: what the job asked for."""
     started, t0, noted = False, time.monotonic(), -QUEUE_NOTE_S
+    heard, who = t0, where
     while True:
         ready, _ = ray.wait([gen], timeout=tick_s)
         tick()
         if not ready:
             waited = time.monotonic() - t0
-            if not started and _busy(gen, where, resources, waited, schedule_s) and waited - noted >= QUEUE_NOTE_S:
+            if started:
+                _check_heard(gen, who, time.monotonic() - heard, stale_s)
+            elif _busy(gen, where, resources, waited, schedule_s) and waited - noted >= QUEUE_NOTE_S:
                 noted = waited
                 on_event({"event": "step", "step": "queue", "status": "waiting",
                           "detail": f"{where} is running other jobs; queued {waited:.0f} s"})
             continue
         ev = _next_event(gen)
-        started = True
+        started, heard = True, time.monotonic()
+        if ev["event"] == "started" and ev.get("name"):
+            who = f"box {ev['name']!r}"  # a pool job's messages name the box Ray picked
         if ev["event"] == "result":
             return BoxResult.from_json(ev["parts"])
-        on_event(ev)
+        if ev["event"] != "alive":  # a sign of life only: no step, no progress to show or store
+            on_event(ev)
+
+
+def _check_heard(gen, who: str, silent_s: float, stale_s: float) -> None:
+    """JobLost, the task cancelled, once a started box has said nothing for `stale_s`: its Ray node
+    may live on (a wedged worker), so Ray would never say it died. The cancel is not
+    waited on: a wedged box may never answer it."""
+    if silent_s <= stale_s:
+        return
+    ray.cancel(gen, force=True)
+    raise JobLost(f"{who} stopped answering: no event for {stale_s:g} s")
 
 
 def _next_event(gen) -> dict:
