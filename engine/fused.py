@@ -35,8 +35,8 @@ from engine.options import DEFAULT, EngineOptions
 # instead of torch's topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary).
 # The same values and ids bit for bit (tests/test_sample.py). On the H200 (64-layer 27b, 3 legs):
 # 6.454 -> 6.368 ms/step at batch 1, 8.730 -> 8.638 at batch 16, both binding
-# (docs/lab/2026-12-04-prefill-graphs.md); so on by default on CUDA since session 28 (the GPU gate has
-# not run with it yet).
+# (docs/lab/2026-12-04-prefill-graphs.md); so on by default on CUDA since 96fe6ec (session 28), and
+# every GPU gate since has passed with it on.
 
 
 def fused_kernels(device: torch.device, options: EngineOptions = DEFAULT) -> SimpleNamespace | None:
