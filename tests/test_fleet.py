@@ -100,8 +100,9 @@ def _wait_for(cond, timeout_s: float, what: str):
 
 def test_a_pool_job_on_a_box_that_stops_answering_is_lost_and_runs_again_elsewhere(tmp_path):
     """Two boxes of pool h100; the job's box wedges after it started. The driver hears nothing for
-    stale_s, cancels the task and records LOST naming the box; the retry runs on the other box (the
-    wedged one is kept busy, as a wedged box would be to a second job)."""
+    stale_s, cancels the task and records LOST naming the box; the retry runs on the other box, never
+    the lost one: when it is queued the other box is busy for a while and the wedged box's slot is free
+    again (its task cancelled), so only the retry's label selector keeps it off the wedged box."""
     sim = load_sim()
     fleet = [BoxConfig(f"w{i}", lock_path=str(tmp_path / f"w{i}.lock"), pool="h100") for i in range(2)]
     repo, (sha,) = sim.make_repo(tmp_path, 1)
@@ -117,8 +118,8 @@ def test_a_pool_job_on_a_box_that_stops_answering_is_lost_and_runs_again_elsewhe
         first, _ = service_queue.enqueue(conn, config, str(repo), sha, None, None, False, "test", pool="h100")
         svc.start()
         wedged = _wait_for(lambda: marker.exists() and marker.read_text(), 60, "the job to start")
-        # queued behind the wedged job on its box: takes the box once the driver cancels that job
-        occupy.options(resources={box_resource(wedged): 1, pool_resource("h100"): 1}).remote(120)
+        other = next(b.name for b in fleet if b.name != wedged)
+        occupy.options(resources={box_resource(other): 1, pool_resource("h100"): 1}).remote(STALE_S + 12)
         _wait_for(lambda: conn.execute("SELECT COUNT(*) FROM runs WHERE state NOT IN ('QUEUED', 'RUNNING')")
                   .fetchone()[0] == 2, 90, "the job and its retry to end")
         rows = conn.execute("SELECT r.run_id, r.box, r.state, j.attempt, j.retry_of, r.record FROM runs r"

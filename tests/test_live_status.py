@@ -119,7 +119,7 @@ def test_a_progress_event_during_a_fake_run_updates_the_api_record_while_running
                          suites=[quick, slow])
     monkeypatch.setattr(placement, "check_resources", lambda resources, where: None)
     monkeypatch.setattr(placement.ray, "put", lambda obj: "ref")
-    monkeypatch.setattr(placement, "submit", lambda spec, ref, harness_ref, digest, members, task, heartbeat_s: "gen")
+    monkeypatch.setattr(placement, "submit", lambda spec, ref, harness_ref, digest, members, task, heartbeat_s, avoid: "gen")
     monkeypatch.setattr(placement, "stream", fake_stream)
     events = []
     placement.place(config, conn, spec, arch, record, events.append)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
 import ray
 
 from orchestrator import db
-from orchestrator.config import ConfigError, parse_config
+from orchestrator.config import BoxConfig, ConfigError, parse_config
 from orchestrator.driver import placement
 from orchestrator.service import queue as q
 from orchestrator.service import run as service_run
@@ -138,19 +140,25 @@ def test_a_pool_schedule_reads_the_ledger_of_every_box_of_its_pool(env):
     assert db.last_green(conn, svc._boxes_of("pool:h100")) == sha and db.last_green(conn, "a1") is None
 
 
-def lose_the_box(monkeypatch):
-    """`place` as when the box dies under the job: it started on a1, then came back LOST."""
-    def place(config, conn, spec, arch, record, progress, on_started, stop, harness=None, pool=None, task=None):
+def lose_the_box(monkeypatch) -> list:
+    """`place` as when the box dies under the job: it started on a1, then came back LOST. Returns the
+    boxes each call was told to avoid."""
+    avoided = []
+
+    def place(config, conn, spec, arch, record, progress, on_started, stop, harness=None, pool=None, task=None,
+              avoid=()):
+        avoided.append(avoid)
         record.box.name = "a1"
         db.mark_running(conn, record, "t")
         on_started()
         placement.note_placement_failure(record, placement.JobLost("the box died under the job: NodeDiedError"))
     monkeypatch.setattr(service_run, "place", place)
+    return avoided
 
 
 def test_a_lost_pool_job_is_requeued_once_as_a_run_of_its_own(env, monkeypatch):
     config, repo, sha, conn = env
-    lose_the_box(monkeypatch)
+    avoided = lose_the_box(monkeypatch)
     first, _ = q.enqueue(conn, config, repo, "main", None, None, False, "api", pool="h100")
     handle = service_run.RayHandle(None)
     monkeypatch.setattr(handle, "ensure", lambda box: None)
@@ -161,6 +169,7 @@ def test_a_lost_pool_job_is_requeued_once_as_a_run_of_its_own(env, monkeypatch):
     assert (retry.attempt, retry.retry_of, retry.pool) == (2, first.run_id, "h100")
     again = service_run.run_queued(config, conn, retry, handle, threading.Event())
     assert again.state == "LOST" and "requeued" not in again.error  # requeue: 1 spent
+    assert avoided == [(), ("a1",)]  # the retry is placed off the box it was lost on
     assert q.claim_next(conn, "a1", "h100") is None
     rows = conn.execute("SELECT run_id, box, state FROM runs ORDER BY created_at").fetchall()
     assert sorted(rows) == sorted([(first.run_id, "a1", "LOST"), (retry.run_id, "a1", "LOST")])
@@ -254,3 +263,24 @@ def test_alive_events_keep_a_quiet_box_running_and_are_no_progress(monkeypatch):
     parts = stream_on(box, monkeypatch, seen)
     assert parts.box["name"] == "b03" and box.cancelled == []
     assert seen == [STARTED]  # `alive` reaches neither the record's steps, the row's live step, nor the display
+
+
+def test_a_retry_asks_ray_for_any_box_but_the_lost_one():
+    """`avoid` becomes Ray's label selector on the `box` label every box's node carries."""
+    got = {}
+
+    class Task:
+        def options(self, **opts):
+            got.update(opts)
+            return self
+
+        def remote(self, *args):
+            return "gen"
+    spec = SimpleNamespace(box=BoxConfig("a1", lock_path="/l", pool="h100"), run_id="r", kind="gate")
+    members = (spec.box, BoxConfig("a2", lock_path="/l2", pool="h100"))
+    with patch.object(placement, "spec_json", lambda spec: {"run_id": spec.run_id}):
+        placement.submit(spec, ["ref"], "h", "d", members, Task(), avoid=("a1",))
+        assert got["label_selector"] == {"box": "!in(a1)"} and got["resources"] == {"pool:h100": 1}
+        got.clear()
+        placement.submit(spec, ["ref"], "h", "d", members, Task())
+        assert "label_selector" not in got

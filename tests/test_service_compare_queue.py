@@ -116,7 +116,8 @@ def test_sigterm_mid_comparison_is_handled_as_for_a_gate(env, monkeypatch, start
     rec, _ = q.enqueue_compare(conn, config, repo, base, head, "boxa", "smoke", None, "schedule:n")
     entered = threading.Event()
 
-    def fake_place(config, conn, spec, pair, record, progress, on_started, stop, harness=None, pool=None, task=None):  # the box's side
+    def fake_place(config, conn, spec, pair, record, progress, on_started, stop, harness=None, pool=None, task=None,
+                   avoid=()):  # the box's side
         assert isinstance(spec, CompareSpec) and (spec.base_sha, spec.head_sha, spec.arm) == (base, head, "packed")
         if started:
             db.mark_running(conn, record, "task-1")

@@ -60,12 +60,13 @@ PLACEMENT_FAILURES = (PlacementError, JobLost, ray.exceptions.TaskCancelledError
 
 def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress: Callable[[dict], None],
           on_started: Callable[[], None] = lambda: None, stop: Callable[[], bool] = lambda: False,
-          harness: Harness | None = None, pool: str | None = None, task=None) -> None:
+          harness: Harness | None = None, pool: str | None = None, task=None, avoid: tuple[str, ...] = ()) -> None:
     """Run the job on its box (or, `pool` given, on whichever idle box of the pool Ray picks), under
     the trusted `harness` (`driver/harness.py`), and fold its result (or why there is none: LOST,
     ERROR) into `record`. Beats the row's heartbeat while it waits. On a stop or Ctrl-C the box's task
     is cancelled, and waited for, before Interrupted / KeyboardInterrupt goes up. `task`: the remote
-    function run on the box (`_gate_task`; the fleet simulation passes a timed fake)."""
+    function run on the box (`_gate_task`; the fleet simulation passes a timed fake). `avoid`: boxes of
+    the pool Ray must not pick (a retry's lost box)."""
     gen = None
     harness = harness or service_harness(config.trusted_root)  # none named: this install, or trusted_root
 
@@ -93,7 +94,7 @@ def place(config: Config, conn, spec: "JobSpec", arch, record: Record, progress:
         put_s = time.monotonic() - t
         timeouts = config.timeouts
         gen = submit(spec, refs, harness_ref, harness.digest, members, task or _gate_task,
-                     heartbeat_s=timeouts.heartbeat_s)
+                     heartbeat_s=timeouts.heartbeat_s, avoid=avoid)
         parts = stream(gen, where, resources, timeouts.schedule_s, timeouts.heartbeat_s, tick, on_event,
                        stale_s=timeouts.stale_s)
         record.merge(parts, put_s)
@@ -285,13 +286,16 @@ def box_spec(spec: dict, name: str | None, members: dict) -> tuple[dict, str | N
 
 
 def submit(spec: "JobSpec", tarball_refs, harness_ref, digest: str, members=(), task=None,
-           heartbeat_s: float = HEARTBEAT_S) -> "ray.ObjectRefGenerator":
+           heartbeat_s: float = HEARTBEAT_S, avoid: tuple[str, ...] = ()) -> "ray.ObjectRefGenerator":
     """The job's task on its box (`members`: a pool job's boxes, any of which Ray may pick);
     `tarball_refs`: one ref, or a list (a comparison's base and head); `heartbeat_s`: how often the
-    box says `alive` while its harness is quiet (it travels in the spec; the harness never sees it)."""
+    box says `alive` while its harness is quiet (it travels in the spec; the harness never sees it);
+    `avoid`: boxes Ray must not pick (a retry's lost box, which may still be in the cluster, wedged)."""
     pool = members[0].pool if members else None
     opts = dict(resources=job_resources(spec.box, pool), num_gpus=spec.box.gpus, num_cpus=1,
                 max_retries=0, name=f"{getattr(spec, 'kind', 'gate')}:{spec.run_id}")
+    if avoid:  # the node label every box carries (`node_labels`), as Ray's label selector says "not one of"
+        opts["label_selector"] = {"box": f"!in({','.join(avoid)})"}
     refs = tarball_refs if isinstance(tarball_refs, list) else [tarball_refs]
     boxes = {b.name: dataclasses.asdict(b) for b in members}
     sent = {**spec_json(spec), "heartbeat_s": heartbeat_s}

@@ -72,7 +72,7 @@ def run_queued(config: Config, conn, job: QueuedJob, ray_handle: RayHandle, stop
     except (Refused, ConfigError) as e:  # ConfigError: the box or pool left the config since queueing
         record.error = str(e)
         return finish(config, conn, record, t0, sides)
-    started = _place(config, conn, spec, arch, record, ray_handle, stop, progress, job.pool, task)
+    started = _place(config, conn, spec, arch, record, ray_handle, stop, progress, job.pool, task, lost_box(conn, job))
     if started is None:
         if record.state == "LOST":
             _requeue_lost(config, conn, job, arch, record)
@@ -133,7 +133,20 @@ def _archive(repo: str, rev: str, md5: str | None, side: str):
     return arch
 
 
-def _place(config, conn, spec, arch, record, ray_handle, stop, progress, pool, task) -> bool | None:
+def lost_box(conn, job: QueuedJob) -> tuple[str, ...]:
+    """A retry's lost box, which Ray must not pick again: a wedged box stays in the cluster, and its
+    slot is free once its task is cancelled. () for a first attempt, or a loss before any box started it."""
+    if job.retry_of is None or job.pool is None:
+        return ()
+    try:
+        lost = db.get(conn, job.retry_of)
+    except KeyError:  # the LOST row is gone (pruned): nothing to avoid
+        return ()
+    name = lost.box.name if lost.box is not None else None
+    return (name,) if name and name != pool_label(job.pool) else ()
+
+
+def _place(config, conn, spec, arch, record, ray_handle, stop, progress, pool, task, avoid=()) -> bool | None:
     """Run the job on its box; None when it ended (record filled), else whether the box had started it."""
     started = [False]
 
@@ -145,7 +158,7 @@ def _place(config, conn, spec, arch, record, ray_handle, stop, progress, pool, t
         record.trusted = harness.to_json()
         ray_handle.ensure(spec.box)
         place(config, conn, spec, arch, record, lambda ev: progress({**ev, "run_id": record.run_id}),
-              on_started, stop.is_set, harness=harness, pool=pool, task=task)
+              on_started, stop.is_set, harness=harness, pool=pool, task=task, avoid=avoid)
     except (PlacementError, HarnessError) as e:  # Ray could not be started or joined; no trusted harness
         note_placement_failure(record, e)
     except Interrupted:
