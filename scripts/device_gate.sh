@@ -18,6 +18,10 @@
 #            CPU machine: NO_WHEELS=1 PY=.venv/bin/python SANDBOX_GPUS=0 SANDBOX_MARKERS='[]' bash scripts/device_gate.sh bundle sandboxcost
 #   killcompare  a compare killed (SIGKILL of its process group) $KILL_AFTER_S (default 150) seconds in, then
 #            `compare` again on the same box: the second must start and complete
+#   history  `orchestrator history --grid $GRID_SPEC` on the clone's state (after compare or grid stages, which
+#            recorded runs of its cell); the cell pages under $OUT/history/
+#   bisect   `orchestrator bisect --good $BISECT_GOOD --bad $BISECT_BAD --grid $BISECT_GRID --json` on the clone
+#            (defaults HEAD~2, HEAD, grids/cuda_smoke.yaml: each step is a recorded compare); its JSON under $OUT
 #   pins     the CUDA suites' mutation pins on the same clone, after `gate` (each must be KILLED)
 #   grid     `orchestrator grid $GRID_SPEC $GRID_ARGS` (default --until-binding) on the clone, no suites (default grids/lmhead-64.yaml:
 #            packed vs dequant head at batch 1 on the full 64-layer shape); the grid's JSON under $OUT
@@ -167,6 +171,24 @@ stage_killcompare() {  # a compare killed mid-run, then a compare on the same bo
   wait $pid 2>/dev/null
   echo "killed after ${KILL_AFTER_S:-150} s; its last lines:"; tail -5 "$OUT/killed.stdout"
   COMPARE_TAG=after_kill stage_compare
+}
+
+stage_history() {
+  install_wheels && clone || return 1
+  in_clone $PY -m orchestrator.cli history --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" 2>&1 | tail -30
+  in_clone $PY -m orchestrator.cli history --grid "${GRID_SPEC:-grids/lmhead-64.yaml}" --json > "$OUT/history.jsonl" 2>/dev/null
+  mkdir -p "$OUT/history" && cp "$CLONE"/.regate/reports/history/*.html "$OUT/history/" 2>/dev/null
+  ls "$OUT/history"
+}
+
+stage_bisect() {
+  install_wheels && clone || return 1
+  local t0=$SECONDS rc
+  in_clone $PY -m orchestrator.cli bisect --good "${BISECT_GOOD:-HEAD~2}" --bad "${BISECT_BAD:-HEAD}" \
+    --grid "${BISECT_GRID:-grids/cuda_smoke.yaml}" --json 2>&1 > "$OUT/bisect.stdout" | stamp > "$OUT/bisect.stderr"; rc=${PIPESTATUS[0]}
+  grep -v -e gcs_client -e 'Token authentication' "$OUT/bisect.stderr" | tail -20; cat "$OUT/bisect.stdout"
+  echo "bisect rc=$rc wall_s=$((SECONDS - t0))"
+  return $rc
 }
 
 stage_pins() {  # after `gate`, which ran the suites unmutated on this tree: no second baseline
