@@ -123,11 +123,12 @@ stage_gate() {
 
 stage_sandboxcost() {  # the sandbox's cost: gates of the same head (--force, build dir warm) under $SANDBOX_ORDER
   install_wheels && clone || return 1
-  local iso t0 rc box; box=$(hostname | cut -d. -f1); mkdir -p "$CLONE/.regate"
+  local iso t0 rc box markers=${SANDBOX_MARKERS:-'["packed NVFP4 W4A16 GEMM: ENABLED"]'}
+  box=$(hostname | cut -d. -f1); mkdir -p "$CLONE/.regate"
   for iso in ${SANDBOX_ORDER:-none bwrap}; do
     cat > "$CLONE/.regate/isolation-$iso.yaml" <<Y
 boxes:
-  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SANDBOX_GPUS:-1}, required_markers: ${SANDBOX_MARKERS:-'["packed NVFP4 W4A16 GEMM: ENABLED"]'}, isolation: $iso}
+  - {name: $box, lock_path: ~/gpu.lock, gpus: ${SANDBOX_GPUS:-1}, required_markers: $markers, isolation: $iso}
 Y
     t0=$SECONDS
     in_clone $PY -m orchestrator.cli gate --head HEAD --force --json --config ".regate/isolation-$iso.yaml" \
