@@ -125,8 +125,9 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
 # Programs per value head (NV: the head's DV columns split NV ways) so that a decode step has
 # about `policy.delta_target` of them: at batch 1 the 27b shape has 48 heads for 132 SMs, split 8 ways (the
 # most MIN_BV allows), each program streaming its part of a 64 KiB state slot in and out.
-# The option delta_split=0: one program per head, always; delta_target (default 1024) moves the
-# target (KernelPolicy). At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
+# One program per head (the option delta_split=0, deleted) measured 0.63% slower a 64-layer step at
+# batch 1 on the H100 (grids/options-64.yaml, 3 legs, binding; docs/lab/2026-12-07-h100-b-session.md);
+# delta_target (default 1024) moves the target (KernelPolicy). At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
 # the H200 where the old target, 256, left them whole in 8 warps, 42.3 us (floor ~23;
 # kernels/tune/delta_sweep.py, 2026-12-04), and the 64-layer step went 9.21 -> 8.74 ms over 3
 # interleaved legs (docs/lab/2026-12-04-tile-rows.md). Batch 1 is the same at either target.
@@ -136,8 +137,6 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def programs_per_head(bsz: int, hv: int, dv: int, policy: KernelPolicy = DEFAULT) -> int:
-    if not policy.delta_split:
-        return 1
     nv = 1
     while bsz * hv * nv < policy.delta_target and dv // (2 * nv) >= MIN_BV and dv % (2 * nv) == 0:
         nv *= 2

@@ -6,8 +6,8 @@ They were REGATE_* environment variables read at import or per call; now the eng
 are what the engine runs. It lives in kernels/ so no kernel imports the engine's options.
 
 Each field's why sits where it is read: kernels/pdl.py, kernels/table.py (tile_by_shape,
-dequant_min_m), kernels/tile_gemm.py (split_waves, gemm_early_weights, gemm_prefetch_ahead),
-kernels/gdn_decode.py (delta_split, delta_target), kernels/gdn_prefill.py (delta_prefill_chunk),
+dequant_min_m), kernels/tile_gemm.py (split_waves, gemm_early_weights),
+kernels/gdn_decode.py (delta_target), kernels/gdn_prefill.py (delta_prefill_chunk),
 kernels/nvfp4_gemm.py (tile_gemm).
 """
 from __future__ import annotations
@@ -23,9 +23,7 @@ class KernelPolicy:
     dequant_min_m: int | None = None  # None: table.DEQUANT_BY_SHAPE; 0: never; M: from M rows, every shape
     split_waves: int = 2  # split K until the CTAs fill the SMs this many times over
     gemm_early_weights: int = 1  # K groups loaded before the PDL wait inside a graph capture (0: off)
-    gemm_prefetch_ahead: int = 0  # K groups requested into L2 ahead at M <= 8 (0: off, else 2..16)
-    delta_split: bool = True  # Gated DeltaNet decode: split a value head over programs
-    delta_target: int = 1024  # ... until a step has about this many programs
+    delta_target: int = 1024  # Gated DeltaNet decode: a value head split over programs until a step has about this many
     delta_prefill_chunk: int = 0  # Gated DeltaNet prefill: 0 (token by token), 16 or 32 tokens a chunk
 
     def __post_init__(self):
@@ -33,8 +31,6 @@ class KernelPolicy:
             ("dequant_min_m", self.dequant_min_m is None or self.dequant_min_m >= 0, "None or an M >= 0"),
             ("split_waves", self.split_waves >= 1, "a count of waves >= 1"),
             ("gemm_early_weights", 0 <= self.gemm_early_weights <= 2, "0, 1 or 2 K groups"),
-            ("gemm_prefetch_ahead", self.gemm_prefetch_ahead == 0 or 2 <= self.gemm_prefetch_ahead <= 16,
-             "0 (off) or 2..16 K groups"),
             ("delta_target", self.delta_target >= 1, "a positive number of programs"),
             ("delta_prefill_chunk", self.delta_prefill_chunk in (0, 16, 32), "0, 16 or 32"),
         ):

@@ -49,12 +49,9 @@ SPLIT_MAX = 32
 # is captured after the weights are loaded and no kernel in it writes them, while an eager call may
 # directly follow the load-time kernel that wrote them (a read before the wait could see old bytes).
 # Default 1; 0: off.
-# KernelPolicy.gemm_prefetch_ahead: in the K loop of the mma.sync kernel at M <= 8 (m_tiles 1, x via L1), each warp keeps the K groups up
-# to N past the one it computes requested into L2 (csrc/nvfp4_tile_gemm.cu PFA, its own instantiation):
-# the registers hold only two groups in flight, so a load may wait on DRAM's latency every group; with
-# the later groups in L2 it waits on L2's. The tile GEMM at M=1 runs 1.35-1.69x a plain read of its
-# weights, from L2 too (docs/lab/2026-12-05-device.md). A prefetch never changes a value, so it is
-# safe eagerly as in a graph. N: 2..16; 0, the default: off until an A/B.
+# K groups kept requested into L2 ahead of the M <= 8 loop (gemm_prefetch_ahead, an option until
+# 2026-12-07) made a 64-layer step 18.5% slower at batch 1 on the H100 and were deleted
+# (grids/options-64.yaml; docs/lab/2026-12-07-h100-b-session.md).
 # The tile-layout kernels serve every M (the last row of table.TILE takes M blocks of 256); the Triton
 # kernels serve only what the tile layout cannot hold (see nvfp4_gemm.py).
 
@@ -171,7 +168,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, defer,
-                                  early_groups(policy), policy.gemm_prefetch_ahead)
+                                  early_groups(policy))
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

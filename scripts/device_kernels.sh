@@ -19,7 +19,6 @@
 #          DEQUANT_MS, default "128,256,512,1024,2048,4096"): the crossovers for kernels/table.py DEQUANT_BY_SHAPE
 #   readfloor  what a plain read of each 27B GEMM's bytes costs (kernels/tune/read_floor.py), beside the tile GEMM
 #          at M=1 on the same bytes: is the GEMM's ~5 us over bytes / bandwidth its own, or any read's?
-#          READ_AHEAD=0,4,8: the GEMM also at each gemm_prefetch_ahead option (groups prefetched into L2 ahead)
 #   fieldcompare  fla-core's gated delta rule (decode, prefill) against ours at the 27B shape; needs fla-core's
 #          and einops' wheels in .whl/field/ (bash ../shared/tools/device-wheels.sh fla-core einops, then move those
 #          two into .whl/field/; carry .whl), installed to their own site, never the gate's (see device_gate.sh)
@@ -47,7 +46,7 @@ stage_test() {
 stage_tile() {  # build the CUDA tile GEMM, check it, print the marker
   local t0=$SECONDS; $PY -c "from kernels.tile_gemm import extension; extension()"; echo "extension build $((SECONDS - t0)) s"
   $PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_projections_cuda.py -rs -x \
-    -k "${TILE_TESTS:-tile or prepare or graph or early or ahead}"
+    -k "${TILE_TESTS:-tile or prepare or graph or early}"
   $PY -c 'from kernels.build import build; print(build()[0])'
 }
 stage_tilesweep() {
@@ -83,7 +82,7 @@ stage_dequantsweep() {  # its kernel's tests on the GPU first (bit for bit again
   head -n -1 "$OUT/dequantsweep.txt"; tail -1 "$OUT/dequantsweep.txt" > "$OUT/dequantsweep.json"
 }
 stage_readfloor() {
-  $PY -m kernels.tune.read_floor --ahead "${READ_AHEAD:-}" > "$OUT/readfloor.txt" || return 1
+  $PY -m kernels.tune.read_floor > "$OUT/readfloor.txt" || return 1
   head -n -1 "$OUT/readfloor.txt"; tail -1 "$OUT/readfloor.txt" > "$OUT/readfloor.json"
 }
 stage_samplebench() { $PY -m kernels.tune.sample_bench --batches "${SAMPLE_BATCHES:-1,16}"; }

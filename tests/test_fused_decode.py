@@ -75,12 +75,12 @@ def _nan_filled(empty):
 
 @pytest.mark.parametrize("split", ["0", "1"])
 def test_delta_step_split_over_programs_matches_the_reference_step_after_step(monkeypatch, split):
-    """The option delta_split=1: a head's DV columns over several programs (at batch 1, 4 of them here),
-    the last one to finish norming the head; two steps in a row (the ticket counters must be back at
-    zero for the second), against the reference recurrence."""
-    policy = KernelPolicy(delta_split=split == "1")
+    """A head's DV columns over several programs (the rule's split: at batch 1, 4 of them here), the
+    last one to finish norming the head, and one program per head (nv=1, as at large batch); two steps
+    in a row (the ticket counters must be back at zero for the second), against the reference recurrence."""
     hk, hv, dk, dv, eps = 2, 6, 32, 64, 1e-6
-    assert gdn_decode.programs_per_head(1, hv, dv, policy) == (4 if split == "1" else 1)
+    assert gdn_decode.programs_per_head(1, hv, dv) == 4
+    nv = None if split == "1" else 1
     g = torch.Generator().manual_seed(11)
     r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
     rec = r(3, hv, dk, dv, scale=0.1)
@@ -100,7 +100,7 @@ def test_delta_step_split_over_programs_matches_the_reference_step_after_step(mo
             m.setattr(gdn_decode.torch, "empty", _nan_filled(torch.empty))
             out_k = gdn_decode.delta_step(mixed.to(DEV), z.to(DEV), b.to(DEV), a.to(DEV), rec_k, slots.to(DEV),
                                           a_log.to(DEV), dt_bias.to(DEV), norm_w.to(DEV), num_k_heads=hk,
-                                          head_k_dim=dk, head_v_dim=dv, eps=eps, policy=policy)
+                                          head_k_dim=dk, head_v_dim=dv, eps=eps, nv=nv)
         torch.testing.assert_close(rec_k.cpu(), rec, rtol=1e-4, atol=1e-5)
         assert _ulps(out_k.cpu(), ref_out).max() <= 2.0
     if split == "1":
@@ -126,7 +126,7 @@ def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monke
         for split in ("0", "1"):
             out[split] = gdn_decode.delta_step(mixed, z, b, a, rec[split], slots, a_log, dt_bias, norm_w,
                                                num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=1e-6,
-                                               policy=KernelPolicy(delta_split=split == "1"))
+                                               nv=None if split == "1" else 1)
         torch.testing.assert_close(rec["1"], rec["0"], rtol=1e-5, atol=1e-6)
         assert _ulps(out["1"], out["0"]).max() <= 2.0
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nvfp4 import Nvfp4Weight, quantize
+from kernels.policy import KernelPolicy
 from kernels.nvfp4_gemm import matmul, matmul_merged, merge, prepare, reference_gemm, relative_error, tile_available
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")]
@@ -143,50 +144,9 @@ def test_the_engine_sums_split_k_in_the_norm_bit_for_bit():
     assert torch.equal(out["1"][1], out["0"][1])
 
 
-def _m8_configs():
-    """Every config the M <= 8 loop variant (PREFETCH_AHEAD) is built for: m_tiles 1, x via L1; 1, 2 and
-    4 row tiles a warp, 4 and 8 warps, each register cap."""
-    from kernels.table import TileConfig
-
-    return [TileConfig(1, 1, 4), TileConfig(1, 2, 4), TileConfig(1, 4, 4), TileConfig(1, 1, 8, min_ctas=3),
-            TileConfig(1, 2, 8, min_ctas=2), TileConfig(1, 2, 4, min_ctas=4)]
-
-
-def _replayed(x, op, global_scale, cfg):
-    """The tile GEMM's y captured into a CUDA graph and replayed once (the capture's switches apply)."""
-    from kernels import tile_gemm
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = tile_gemm.tile_gemm(x, op, global_scale, config=cfg)
-    graph.replay()
-    return y
-
-
-@pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280), (16384, 2048)])
-def test_prefetch_ahead_changes_nothing(monkeypatch, n, k):
-    """K groups prefetched into L2 ahead of the loop (kernels/tile_gemm.py PREFETCH_AHEAD, its own
-    kernel instantiation) give y bit for bit as without, at M 1, 5 and 8, for every M <= 8 config it is
-    built for, 2, 3 and 16 groups ahead (more than a split has), eager and replayed from a graph."""
-    from kernels import tile_gemm
-
-    (w,) = _weights({"w": n}, k, _seed())
-    op = w.kernel_operand
-    configs = _m8_configs()
-    for m in (1, 5, 8):
-        x = torch.randn(m, k, device="cuda").bfloat16()
-        for cfg in configs:
-            monkeypatch.setattr(tile_gemm, "PREFETCH_AHEAD", 0)
-            want = tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg).clone()
-            for ahead in (2, 3, 16):
-                monkeypatch.setattr(tile_gemm, "PREFETCH_AHEAD", ahead)
-                assert torch.equal(tile_gemm.tile_gemm(x, op, w.global_scale, config=cfg), want), (m, cfg, ahead)
-                assert torch.equal(_replayed(x, op, w.global_scale, cfg), want), (m, cfg, ahead, "graph")
-
-
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
-def test_early_weight_loads_change_nothing(monkeypatch, n, k):
-    """Weights loaded before the PDL wait (kernels/tile_gemm.py EARLY_GROUPS, only inside a graph
+def test_early_weight_loads_change_nothing(n, k):
+    """Weights loaded before the PDL wait (the option gemm_early_weights, kernels/tile_gemm.py; only inside a graph
     capture) give the eager GEMM's y bit for bit at 0, 1 and 2 early groups, behind a kernel that
     writes x, across replays, and after the weights are rewritten in place between replays."""
     from kernels import tile_gemm
@@ -194,12 +154,12 @@ def test_early_weight_loads_change_nothing(monkeypatch, n, k):
     w, other = _weights({"w": n, "other": n}, k, _seed())
     assert tile_gemm.early_groups() == 0  # never outside a capture
     for early in (0, 1, 2):
-        monkeypatch.setattr(tile_gemm, "EARLY_GROUPS", early)
+        policy = KernelPolicy(gemm_early_weights=early)
         x = torch.zeros(1, k, device="cuda").bfloat16()
-        matmul(x * 2, w)  # warm outside the capture
+        matmul(x * 2, w, policy=policy)  # warm outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            y = matmul(x * 2, w)  # the GEMM right behind the kernel that writes its x
+            y = matmul(x * 2, w, policy=policy)  # the GEMM right behind the kernel that writes its x
         saved = w.kernel_operand.words.clone(), w.kernel_operand.codes.clone()
         for i in range(4):
             x.copy_(torch.randn(1, k, device="cuda"))

@@ -99,28 +99,6 @@ def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monke
     assert a.json and show is None and capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("switch", ["gemm_prefetch_ahead"])
-def test_read_floor_times_each_switch_value(monkeypatch, switch):
-    """`read_floor --ahead`: the GEMM is timed once per value with a KernelPolicy that sets the switch
-    to it (nothing module-wide is set, so nothing needs putting back)."""
-    from kernels.tune import read_floor
-
-    seen = []
-    monkeypatch.setattr(read_floor, "time_gemm", lambda name, policy: seen.append((name, getattr(policy, switch))) or 0.5)
-    assert read_floor.time_switch("gate_up", switch, [0, 4, 8]) == {0: 0.5, 4: 0.5, 8: 0.5}
-    assert seen == [("gate_up", 0), ("gate_up", 4), ("gate_up", 8)]
-
-
-@pytest.mark.parametrize("argv,message", [(["--ahead", "0,1"], "--ahead: expected 0 or 2..16 K groups, found [1]")])
-def test_read_floor_refuses_values_its_switch_refuses(capsys, argv, message):
-    """Bad --ahead values stop the tool before it touches a GPU, naming the flag and the value."""
-    from kernels.tune import read_floor
-
-    with pytest.raises(SystemExit):
-        read_floor.main(argv)
-    assert message in capsys.readouterr().err
-
-
 def test_read_floor_names_the_shapes_whose_m1_gemm_splits_k():
     """`read_floor`'s split count is kernels.tile_gemm's rule on the table's config: on the H200's 132
     SMs gate_up and the head are one launch; down, o_proj and the GDN projections split K (their GEMM

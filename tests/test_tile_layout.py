@@ -253,18 +253,3 @@ def test_the_per_shape_rows_follow_their_switch_and_refuse_a_stranger(value):
         assert tile == [table.tile_config(m, n, k) == table.config_for(m, table.TILE) for m, n, k in shapes]
     else:
         assert tile == [True] * 10 and sizes == [4, 1]
-
-
-@pytest.mark.parametrize("key,hi", [("gemm_prefetch_ahead", 16)])
-@pytest.mark.parametrize("value", ["0", "2", "hi", "1", "hi+1"])
-def test_loop_switches_take_0_or_2_to_their_cap(key, hi, value):
-    """The option gemm_prefetch_ahead (kernels/tile_gemm.py): 0 turns it off; 1 is refused by name (a
-    prefetch 1 ahead is what the registers already load), as is more than the cap (16 groups ahead)."""
-    from engine.options import EngineOptions
-
-    value = {"hi": str(hi), "hi+1": str(hi + 1)}.get(value, value)
-    if value in ("0", "2", str(hi)):
-        assert getattr(EngineOptions.parse(f"{key}={value}").kernels, key) == int(value)
-    else:
-        with pytest.raises(ValueError, match=f"option {key}: expected 0 \\(off\\) or 2..{hi} K groups, found {value}"):
-            EngineOptions.parse(f"{key}={value}")

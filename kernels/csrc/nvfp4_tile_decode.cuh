@@ -71,26 +71,6 @@ __device__ __forceinline__ void load_group(Group<R>& gr, const uint4* w, const u
   }
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// Warms L2 with n K groups (from group cg) of a warp's R row tiles: weights (2 KiB per group and
-// tile, contiguous along K) and scale codes (256 bytes), one 128-byte line per lane per step. A
-// prefetch brings nothing into registers and L2 is coherent, so a kernel may issue it before
-// griddepcontrol.wait: its weights stream in while the kernel before it drains.
-template <int R>
-__device__ __forceinline__ void prefetch_groups(const uint4* w, const uint2* sc, int rt0, int row_tiles, int chunks,
-                                                int groups, int cg, int n, int lane) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int rt = rt0 + r;
-    if (rt >= row_tiles) break;
-    const char* wp = reinterpret_cast<const char*>(w + ((size_t)rt * chunks + 4 * cg) * 32);
-    for (int off = 128 * lane; off < 2048 * n; off += 32 * 128) prefetch_l2(wp + off);
-    const char* sp = reinterpret_cast<const char*>(sc + ((size_t)rt * groups + cg) * 32);
-    for (int off = 128 * lane; off < 256 * n; off += 32 * 128) prefetch_l2(sp + off);
-  }
-}
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }

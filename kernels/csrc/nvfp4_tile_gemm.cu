@@ -112,11 +112,9 @@ __device__ __forceinline__ void compute_group(float (&acc)[R][MT][4], const Grou
 // the CTAs that share a weight tile run together and the re-reads of large M come from L2.
 // XS: x from shared memory (see stage_x); else each warp reads x through L1.
 // MINB: CTAs per SM the register allocation must allow (more warps to hide latency).
-// PFA: K groups p.prefetch_ahead ahead of the one computed are prefetched into L2 in the loop (its own
-// instantiation, so the default kernel keeps its registers). A warp keeps only two groups in flight in registers (~32 KB an SM
-// at 16 warps, about what 4.3 TB/s needs over DRAM's ~1 us latency), so each group's wait may be the
-// loop's pace: with the later groups already in L2, a group's load waits on L2, not DRAM.
-template <int MT, int R, int WARPS, bool XS, int MINB, bool PFA = false>
+// K groups prefetched into L2 ahead of the loop (an instantiation of their own) made a 64-layer decode
+// step 18.5% slower at batch 1 on the H100 and were deleted (docs/lab/2026-12-07-h100-b-session.md).
+template <int MT, int R, int WARPS, bool XS, int MINB>
 __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArgs p, int m_blocks) {
   extern __shared__ __align__(16) uint8_t x_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -169,15 +167,7 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   grid_dependency_wait();
   if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
   if constexpr (XS) cp_async_commit();
-  // PFA: the groups the loop's register loads will not have reached by the time group cg0 + 2 is read.
-  const int ahead = PFA ? p.prefetch_ahead : 0;
-  if (PFA && active && cg0 + 2 < cg1 && ahead > 2)
-    prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 2, min(ahead - 2, cg1 - cg0 - 2), lane);
   for (int cg = cg0; cg < cg1; cg += 2) {
-    if constexpr (PFA) {  // keep `ahead` groups past cg requested: this iteration consumes two
-      const int from = max(cg + ahead, cg0 + 2);
-      if (active && from < cg1) prefetch_groups<R>(p.w, p.scales, rt0, p.row_tiles, chunks, groups, from, min(2, cg1 - from), lane);
-    }
     if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
     if constexpr (XS) cp_async_commit();
     run(buf0, cg, 0);
@@ -234,9 +224,6 @@ cudaError_t launch(const TileGemmArgs& p, int splits, cudaStream_t stream) {
     if (err != cudaSuccess || p.partial == nullptr || p.defer_sum) return err;
     return reduce_splits(p, splits, stream);
   };
-  if constexpr (MT == 1 && !XS) {  // the loop variant: built for the M <= 8 rows (x via L1)
-    if (p.prefetch_ahead > 0) return go(tile_gemm_kernel<MT, R, WARPS, XS, MINB, true>, 0);
-  }
   const int smem = XS ? 2 * MT * 8 * kXRowBytes : 0;
   auto kernel = tile_gemm_kernel<MT, R, WARPS, XS, MINB>;
   if (XS && smem > 48 * 1024) {  // above the default dynamic limit: raise it (cheap; idempotent)

@@ -21,8 +21,6 @@ struct TileGemmArgs {
                            // weights (a decode step's graph); 0: none
   int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits): the consumer sums
                            // them (kernels/decode_norm.py add_rms_norm); y is not written
-  int prefetch_ahead;      // mma.sync kernel with x via L1 (m_tiles 1): in the K loop, each warp prefetches into
-                           // L2 the groups up to this many past the one it computes (>= 2; 0: none)
 };
 
 // m_tiles in {1, 2, 4, 8} (8*m_tiles rows of x per M block); (rows_per_warp, warps) in

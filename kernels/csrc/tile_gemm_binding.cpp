@@ -51,7 +51,7 @@ TileGemmArgs make_args(const torch::Tensor& x, const torch::Tensor& words, const
                       reinterpret_cast<const uint2*>(codes.data_ptr()),
                       reinterpret_cast<__nv_bfloat16*>(y.data_ptr()),
                       part, x.stride(0), y.stride(0), (int)m, (int)k, (int)row_tiles, (int)groups_per_split,
-                      (float)out_scale, rs, 0, defer_sum ? 1 : 0, 0};
+                      (float)out_scale, rs, 0, defer_sum ? 1 : 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& x) { return at::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
@@ -60,13 +60,11 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale, bool defer_sum,
-                   int64_t early_groups, int64_t prefetch_ahead) {
+                   int64_t early_groups) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, defer_sum, splits);
   check(early_groups >= 0 && early_groups <= 2, "early_groups must be 0, 1 or 2");
   p.early_groups = (int)early_groups;
-  check(prefetch_ahead == 0 || (prefetch_ahead >= 2 && prefetch_ahead <= 16), "prefetch_ahead must be 0 or 2..16");
-  p.prefetch_ahead = (int)prefetch_ahead;
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
                                     (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,

@@ -10,9 +10,7 @@ M=1 with the table's config. `gemm_over_read` near 1: the GEMM already reads as 
 size can, and what is left is between kernels (overlap), not inside one. Where the bytes fit half of
 L2 (o_proj's 17.7 MB), the GEMM and the read are also timed on one copy that stays in L2 (`*_l2_ms`):
 if the GEMM is much faster from L2, weights already in L2 when it starts (a prefetch during the small
-kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. `--ahead 0,4,8`
-also times the GEMM (past L2) with each gemm_prefetch_ahead (K groups kept requested into L2
-ahead of the loop; 0 is the default kernel). Where K is split at M=1 the GEMM's
+kernels before it) would pay; if not, its time is latency inside the kernel, not DRAM. Where K is split at M=1 the GEMM's
 time includes the reduce kernel; `gemm_unsummed_ms` is the same launch with its partials left
 unsummed, as the engine leaves o_proj's, out_proj's and down's to add_rms_norm. Prints a table, then one JSON line. Tuning code: no product module imports it.
 """
@@ -74,27 +72,11 @@ def splits_at_m1(name: str, sms: int) -> int:
     return -(-groups // tg.groups_per_split(1, n, k, table.tile_config(1, n, k), sms))
 
 
-def time_switch(name: str, switch: str, values: list[int]) -> dict[int, float]:
-    """The tile GEMM at M=1 past L2 at each value of KernelPolicy's `switch` (gemm_prefetch_ahead)."""
-    return {v: time_gemm(name, policy=KernelPolicy(**{switch: v})) for v in values}
-
-
-def values_arg(ap: argparse.ArgumentParser, flag: str, text: str, lo: int, hi: int) -> list[int]:
-    """A comma-separated list of 0 or lo..hi, or the parser's error naming the flag and what it found."""
-    values = [int(v) for v in text.split(",") if v]
-    bad = [v for v in values if v != 0 and not lo <= v <= hi]
-    if bad:
-        ap.error(f"{flag}: expected 0 or {lo}..{hi} K groups, found {bad}")
-    return values
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--ahead", default="", help="comma-separated gemm_prefetch_ahead values to time the GEMM at")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)
-    aheads = values_arg(ap, "--ahead", a.ahead, 2, 16)
     read_gbps = read_bandwidth_gbps()
     rows = []
     for name in a.shapes.split(","):
@@ -110,8 +92,6 @@ def main(argv=None) -> None:
             cfg = r["read_config"]
             r["read_l2_ms"] = median_ms(lambda: read(x, cfg["block"], cfg["loads"], cfg["warps"]))
             r["gemm_l2_ms"] = time_gemm(name, in_l2=True)
-        if aheads:
-            r["gemm_ahead_ms"] = time_switch(name, "gemm_prefetch_ahead", aheads)
         rows.append(r)
         torch.cuda.empty_cache()
         if not a.json:
@@ -124,9 +104,6 @@ def main(argv=None) -> None:
             if "gemm_l2_ms" in r:
                 print(f"{'':<13}{'':>11}  from L2: read {r['read_l2_ms'] * 1e3:.1f} us, GEMM M=1 {r['gemm_l2_ms'] * 1e3:.1f}",
                       flush=True)
-            if aheads:
-                print(f"{'':<13}{'':>11}  GEMM M=1 by groups prefetched ahead: "
-                      + ", ".join(f"{g}: {ms * 1e3:.1f} us" for g, ms in r["gemm_ahead_ms"].items()), flush=True)
     print(json.dumps({"bench": "read_floor", **environment(), "read_gbps": read_gbps, "rows": rows}))
 
 
