@@ -16,7 +16,6 @@ The orchestrator's are the head's tree runner and the head's own checkpoint cach
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grids import attribution
+from grids import attribution, metric
 from grids.jsonline import last_json_object
 from grids.spec import Arm, Cell, GridSpec
 from grids.verdict import MIN_CLAIM_LEGS, judge
@@ -93,9 +92,10 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
         raise GridError(f"{where}: the packed arm's head did not run on the fp4 GEMM (head_fp4_gemm "
                         f"{params.get('head_fp4_gemm')!r}, fp4_gemm_reason {params.get('fp4_gemm_reason')!r}): "
                         "a packed leg on a BF16 operand is an error, never a number")
-    rate = record.get("decode_tok_s")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
-        raise GridError(f"{where}: bench JSON decode_tok_s: expected a positive number, found {rate!r}")
+    try:
+        metric.rate(record, "decode", 1, 1, where)  # every bench line reports its decode rate
+    except ValueError as e:
+        raise GridError(str(e)) from None
     return record
 
 
@@ -248,11 +248,15 @@ def _run_leg(spec: GridSpec, runs: Mapping[str, Run], index: int, record: dict, 
         got = run_bench(runs[arm.name], bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
         done = record["arms"][arm.name]["raw"]
         check_options(got, arm, where, done[0] if done else None)
-        record["arms"][arm.name]["legs"].append(float(got["decode_tok_s"]))
+        try:
+            rate = metric.rate(got, spec.metric, cell.batch, cell.prompt_len, where)
+        except ValueError as e:
+            raise GridError(str(e)) from None
+        record["arms"][arm.name]["legs"].append(rate)
         record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))
         if progress:
-            progress(Progress(index, cell.label, leg + 1, arm.name, float(got["decode_tok_s"]), None))
+            progress(Progress(index, cell.label, leg + 1, arm.name, rate, None))
     record["orders"].append([arm.name for arm in order])
     policy = spec.policy
     record["verdict"] = judge({name: arm["legs"] for name, arm in record["arms"].items()},
@@ -266,7 +270,7 @@ def _empty_result(spec: GridSpec, bench_command: Sequence[str], until_binding: b
             "policy": {"rule": spec.policy.rule, "alpha": spec.policy.alpha,
                        "tolerance": spec.policy.tolerance},
             "legs": spec.legs, "until_binding": until_binding, "max_legs": cap,
-            "warmup": spec.warmup, "iters": spec.iters, "bench_command": list(bench_command),
+            "warmup": spec.warmup, "iters": spec.iters, "bench_command": list(bench_command), "metric": spec.metric,
             "started_at": _now(), "finished_at": None, "complete": False, "cells": []}
 
 
@@ -275,8 +279,10 @@ def _empty_cell(spec: GridSpec, cell: Cell, model_dir: str) -> dict:
                                  "extra_args": list(a.extra_args), "engine": dict(a.options)},
                      "legs": [], "raw": [], "wall_s": []}
             for a in spec.arms}
-    return {"cell": cell.as_dict(), "model_dir": model_dir, "arms": arms, "orders": [],
-            "verdict": None}
+    params = cell.as_dict()
+    if spec.metric != metric.DEFAULT:  # its own ledger rows and history page, never the decode cell's
+        params |= {"metric": spec.metric, "label": f"{params['label']} {spec.metric}"}
+    return {"cell": params, "model_dir": model_dir, "arms": arms, "orders": [], "verdict": None}
 
 
 def _now() -> str:

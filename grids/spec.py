@@ -22,6 +22,7 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
     attribute: {lengths: [8, 136], iters: 3}   # optional: `engine attribute` per arm per cell, after the legs
+    metric: decode   # what a leg measures: decode (default) or prefill tok/s (grids/metric.py)
 
 Bounds (`LIMITS`), far above any real grid, so a typo cannot queue a run that never ends: legs and
 max_legs <= 200, warmup <= 100, iters <= 1000, batch <= 1024, prompt_len and gen_len (and the
@@ -46,12 +47,13 @@ from typing import Any
 
 import yaml
 
+from grids import metric
 from grids.verdict import MIN_CLAIM_LEGS, RULES
 
 LM_HEADS = ("packed", "dequant")
 BACKENDS = ("cpu", "cuda")
 TOP_KEYS = {"name", "backend", "legs", "max_legs", "until_binding", "warmup", "iters", "timeout_s", "verdict",
-            "checkpoint", "arms", "cells", "attribute"}
+            "checkpoint", "arms", "cells", "attribute", "metric"}
 
 
 LIMITS = {"legs": 200, "warmup": 100, "iters": 1000, "batch": 1024, "prompt_len": 131072, "gen_len": 131072,
@@ -141,6 +143,7 @@ class GridSpec:
     policy: Policy = field(default_factory=Policy)
     source: str = "<dict>"
     attribute: Attribute | None = None
+    metric: str = "decode"  # what a leg measures (grids/metric.py): decode or prefill tok/s
 
     def with_backend(self, backend: str) -> GridSpec:
         """The same grid with every arm on `backend` (the CLI's --backend)."""
@@ -218,6 +221,7 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
         policy=_policy(where, top.get("verdict", {})),
         source=source,
         attribute=None if top.get("attribute") is None else _attribute(where, top["attribute"]),
+        metric=where.choice(top.get("metric", metric.DEFAULT), "metric", metric.METRICS),
     )
 
 

@@ -13,12 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab_verdict import read_lines  # noqa: E402  (the same bench lines, checked the same way)
+
+def read_lines(path: Path) -> list[dict]:
+    """The bench lines, each checked for what the table reads; SystemExit naming the file and line."""
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            r["params"]["batch"], r["variant"], r["ms_per_step"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SystemExit(f"{path}:{n}: expected a bench line of device_gate.sh ablate "
+                             f"(variant, params.batch, ms_per_step): {e}")
+        rows.append(r)
+    if not rows:
+        raise SystemExit(f"{path}: no bench lines")
+    return rows
 
 
 def _ms(rows: list[dict]) -> dict:

@@ -42,20 +42,22 @@
 #            test_kernels_cuda.py, test_fused_decode.py), then `engine bench` of the packed arm on the 27b shape
 #            cut to $MERGE_LAYERS (default 16) layers, batch 1 and 16, the variants of $MERGE_VARIANTS
 #            (--option merge_projections values, default "0 1") interleaved
-#   ab       A/B of engine options (engine/options.py): $AB_TESTS (default tests/test_fused_decode.py) on the GPU, then `engine
-#            bench` of the packed arm on the 27b shape cut to $AB_LAYERS (default 64) layers at each batch of
-#            $AB_BATCHES (default "1 16"), each variant of $AB_VARIANTS (space-separated; a variant is
-#            comma-separated KEY=value options, each passed as --option, e.g. "pdl=1 pdl=0") in turn, interleaved, $AB_LEGS times
-#            (default 1; each bench a fresh process: between processes a step varies ~3%); AB_TESTS=none: no tests;
-#            the bench lines go to $OUT/$AB_JSONL (default ab-benches.jsonl);
-#            then scripts/ab_verdict.py judges each variant against the first with the grid's verdict statistics
-#   ablate   `ab` of the engine with parts removed (engine/ablate.py; timing only): the ablation's GPU tests
-#            ($ABLATE_TESTS; none skips them), then the real engine (ablate= empty) and one variant
-#            ablate=<item> (--option ablate=<item>) per item of $ABLATE (default "norm norm:empty tower tower:empty tower:read
-#            tower:read+lm_head:read delta_rule attention": the step without that part, with an empty launch
-#            in each of its launches' places (:empty) or, for a GEMM part's :read, a plain read of its bytes);
-#            $AB_LEGS, $AB_BATCHES and $AB_LAYERS as for ab; then scripts/ablation_table.py: what each item
-#            saves the step, and a part's link apart from its work
+#   ab       engine options decided by `orchestrator grid` on the clone: $AB_TESTS (default tests/test_fused_decode.py;
+#            none: no tests) on the GPU, then for each variant of $AB_VARIANTS after the first (space-separated; a
+#            variant is comma-separated KEY=value engine options, e.g. "pdl=1 pdl=0") a two-arm grid, the first
+#            variant against it: packed lm_head, the 27b shape cut to $AB_LAYERS (default 64) layers, a cell per
+#            batch of $AB_BATCHES (default "1 16"), prompt 128, 64 tokens, $AB_LEGS legs (default 3), judged on
+#            $AB_METRIC (decode, the default, or prefill tok/s: grids/metric.py); each grid's JSON under $OUT/ab-<n>.json.
+#            A dry run on a CPU machine: NO_WHEELS=1 PY=$PWD/.venv/bin/python AB_BACKEND=cpu AB_PRESET=tiny AB_BATCHES=1
+#            AB_TESTS=none AB_VARIANTS="fused_sample=1 fused_sample=0" bash scripts/device_gate.sh bundle ab
+#   ablate   the engine with parts removed (engine/ablate.py; timing only, so never a grid: a grid refuses an
+#            ablated bench): the ablation's GPU tests ($ABLATE_TESTS; none skips them), then `engine bench` of the
+#            real engine (ablate= empty) and of one variant ablate=<item> per item of $ABLATE (default "norm
+#            norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention": the step without
+#            that part, with an empty launch in each of its launches' places (:empty) or, for a GEMM part's :read, a
+#            plain read of its bytes), interleaved, $AB_LEGS times (default 1), at each batch of $AB_BATCHES on the 27b
+#            shape cut to $AB_LAYERS layers; then scripts/ablation_table.py: what each item saves the step, and a
+#            part's link apart from its work
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
 #            are passed on (e.g. "--prefill --prompt-len 128": one prefill's kernels), $KERNELS_TAG names the output
@@ -319,32 +321,61 @@ print('27b-${L}L batch', p['batch'], 'merge=$V', round(r['ms_per_step'], 3), 'ms
 
 ckpt_27b() { PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$1))" | tail -1; }
 
+ab_spec() {  # the two-arm grid spec of `ab` (JSON, which YAML reads): options $1 against options $2
+  $PY - "$1" "$2" <<'PY'
+import json, os, sys
+def options(variant):  # "k=v,k2=v2" -> {k: v}; "ablate=" keeps its empty value
+    return dict(p.split("=", 1) for p in variant.split(",") if "=" in p)
+first, variant = sys.argv[1], sys.argv[2]
+legs, preset = int(os.environ.get("AB_LEGS", "3")), os.environ.get("AB_PRESET", "27b")
+layers = os.environ.get("AB_LAYERS", "64" if preset == "27b" else "")
+print(json.dumps({
+    "name": "ab-" + variant.replace(",", "-").replace("=", ""), "backend": os.environ.get("AB_BACKEND", "cuda"),
+    "legs": legs, "max_legs": legs,
+    "warmup": 1, "iters": 3, "timeout_s": 300, "metric": os.environ.get("AB_METRIC", "decode"),
+    "verdict": {"rule": "rank", "alpha": 0.05, "tolerance": 0.02},
+    "checkpoint": {"preset": preset, "naming": "modelopt", "head": "nvfp4", "seed": 0,
+                   **({"layers": int(layers)} if layers else {})},
+    "arms": {"first": {"lm_head": "packed", "options": options(first)},
+             "variant": {"lm_head": "packed", "options": options(variant)}},
+    "cells": [{"batch": int(b), "prompt_len": 128, "gen_len": 64} for b in os.environ.get("AB_BATCHES", "1 16").split()],
+}, indent=1))
+PY
+}
+
 stage_ab() {
-  [ "${AB_TESTS:-}" = none ] || PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
+  install_wheels && clone || return 1
+  [ "${AB_TESTS:-}" = none ] || in_clone timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
     ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
-  local L=${AB_LAYERS:-64} B V ck tag leg f
-  ck=$(ckpt_27b "$L")
-  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in ${AB_VARIANTS:-pdl=1 pdl=0}; do
-    tag=$(echo "$V" | tr ',=' '_-'); f="/tmp/ab-bench-${L}L-b$B-$tag-leg$leg"
-    PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda \
-      $(echo "$V" | tr ',' '\n' | sed 's/^/--option /') --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 ${AB_BENCH_ARGS:-} --json 2>"$f.err" \
-      | tail -1 > "$f.json"
-    $PY -c "
-import json; r = json.load(open('$f.json')); p = r['params']
-open('$OUT/${AB_JSONL:-ab-benches.jsonl}', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')
-print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step', round(r['decode_tok_s'], 1), 'tok/s prefill',
-      round(r['prefill_ms'], 1), 'ms', round(100 * r['floor']['share_of_floor'], 1), '% of floor')" 2>/dev/null \
-      || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
-  done; done; done
-  local j="$OUT/${AB_JSONL:-ab-benches.jsonl}"
-  [ -s "$j" ] && $PY scripts/ab_verdict.py "$j" | head -n -1  # the grid's statistics
+  local n=0 rc=0 V first; set -- ${AB_VARIANTS:-pdl=1 pdl=0}; first=$1; shift
+  for V in "$@"; do
+    n=$((n + 1)); ab_spec "$first" "$V" > "$CLONE/.regate-ab-$n.yaml" || return 1
+    echo "-- grid $n: $V against $first"
+    in_clone $PY -m orchestrator.cli grid ".regate-ab-$n.yaml" --out "$OUT/ab-$n.json" > "$OUT/ab-$n.stdout" \
+      2> "$OUT/ab-$n.stderr" || rc=1
+    cat "$OUT/ab-$n.stdout"
+  done
+  return $rc
 }
 
 stage_ablate() {
-  local v="ablate=" item
-  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do v="$v ablate=$item"; done
-  AB_JSONL=ablation-benches.jsonl AB_TESTS="${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py}" \
-    AB_VARIANTS="$v" stage_ab
+  [ "${ABLATE_TESTS:-}" = none ] || PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
+    ${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py} 2>&1 | tail -15
+  local L=${AB_LAYERS:-64} B V ck tag leg f variants="ablate=" item
+  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do
+    variants="$variants ablate=$item"
+  done
+  ck=$(ckpt_27b "$L")
+  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in $variants; do
+    tag=$(echo "$V" | tr ',=:+' '_-__'); f="/tmp/ablate-bench-${L}L-b$B-$tag-leg$leg"
+    PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda --option "$V" \
+      --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>"$f.err" | tail -1 > "$f.json"
+    $PY -c "
+import json; r = json.load(open('$f.json')); p = r['params']
+open('$OUT/ablation-benches.jsonl', 'a').write(json.dumps({'layers': $L, 'variant': '$V', 'leg': $leg, **r}) + '\\n')
+print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step')" 2>/dev/null \
+      || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
+  done; done; done
   [ -s "$OUT/ablation-benches.jsonl" ] && $PY scripts/ablation_table.py "$OUT/ablation-benches.jsonl" | tee "$OUT/ablation.txt" \
     | head -n -1
 }

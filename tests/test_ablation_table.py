@@ -14,7 +14,7 @@ spec.loader.exec_module(ablation_table)
 
 
 def _line(ablated: str | None, leg: int, batch: int, ms: float) -> str:
-    variant = f"REGATE_ABLATE={ablated or ''}"
+    variant = f"ablate={ablated or ''}"
     return json.dumps({"layers": 64, "variant": variant, "leg": leg, "params": {"batch": batch}, "ablated": ablated,
                        "decode_tok_s": 1000 * batch / ms, "prefill_ms": 30.0, "ms_per_step": ms})
 
@@ -42,3 +42,13 @@ def test_without_the_real_engine_there_is_nothing_to_subtract_from(tmp_path):
     path.write_text(_line("norm", 0, 1, 5.8) + "\n")
     with pytest.raises(SystemExit, match="batch 1: no bench of the real engine"):
         ablation_table.main([str(path)])
+
+
+def test_bad_lines_name_the_file_and_line(tmp_path):
+    path = tmp_path / "ablation.jsonl"
+    path.write_text(_line(None, 0, 1, 6.4) + "\n{\"variant\": \"ablate=norm\"}\n")
+    with pytest.raises(SystemExit, match=r"ablation.jsonl:2: expected a bench line of device_gate.sh ablate"):
+        ablation_table.read_lines(path)
+    path.write_text("\n")
+    with pytest.raises(SystemExit, match="no bench lines"):
+        ablation_table.read_lines(path)

@@ -236,3 +236,23 @@ def test_show_runs_and_the_json_line_name_the_base_and_each_cells_claims(tmp_pat
         runs_cmd(config=str(cfg), limit=5, as_json=True)
     row = json.loads(out.getvalue().splitlines()[0])
     assert row["run_id"] == record.run_id and row["base_sha"] == base and row["sha"] == head
+
+
+def test_a_prefill_grids_reports_name_prefill_tok_s(tmp_path):
+    """The unit a compare's legs carry comes from its grid's metric (grids/metric.py): a prefill grid's
+    report, cell plots and history never say decode tok/s."""
+    from orchestrator.report import history
+
+    repo, _, _ = two_commits(tmp_path / "repo", 10.0, 9.0, legs=2)
+    record, _ = compare_without_ray(repo, tmp_path)
+    assert "head / base decode tok/s" in report.markdown(record)
+    data = record.to_json()
+    data["grid"]["metric"] = "prefill"
+    for c in data["grid"]["cells"]:
+        c["cell"]["metric"] = "prefill"
+    prefill = Record.from_json(data)
+    md, html = report.markdown(prefill), report.html(prefill)
+    assert "head / base prefill tok/s" in md and "base legs (prefill tok/s)" in md and "decode tok/s" not in md
+    assert "Legs (raw prefill tok/s)" in html and "prefill tok/s per leg" in html and "decode tok/s" not in html
+    (h,) = history.histories([prefill], data["grid"]["spec"])
+    assert h.unit == "prefill tok/s" and "prefill tok/s per leg" in history.plot(h)

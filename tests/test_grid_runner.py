@@ -330,3 +330,52 @@ def test_an_arms_option_text_is_read_as_the_benchs_value(reported, text, same):
     value by that value's type (engine/options.py's own readings of 1/0, on/off, lists, none)."""
     from grids.runner import matches
     assert matches(reported, text) is same
+
+
+def _prefill_spec(legs=3):
+    return parse_spec({
+        "name": "prefill", "backend": "cpu", "legs": legs, "warmup": 0, "iters": 2, "metric": "prefill",
+        "checkpoint": {"preset": "tiny"},
+        "arms": {"default": {"lm_head": "packed"}, "changed": {"lm_head": "packed", "options": {"prefill_graphs": 0}}},
+        "cells": [{"batch": 2, "prompt_len": 64, "gen_len": 4}],
+    }, "prefill.yaml")
+
+
+def _bench_line(decode, prefill_ms, options):
+    return json.dumps({"schema_version": 1, "decode_tok_s": decode, "prefill_ms": prefill_ms, "options": options})
+
+
+def test_a_prefill_grid_judges_prefill_tokens_per_second_not_decode(tmp_path):
+    """metric: prefill: a leg is batch x prompt_len tokens over the bench's prefill time, so an option
+    that only slows the prefill is found slower even where its decode is faster; the cell carries the
+    metric (its own ledger key and history page, never the decode cell's)."""
+    from orchestrator.report.claims import cell_key
+
+    def runner(decode, prefill_ms, options):
+        return lambda args, timeout_s: _bench_line(decode, prefill_ms, options)
+    result = run_grid(_prefill_spec(), benches={"default": runner(50.0, 20.0, {"prefill_graphs": 8}),
+                                               "changed": runner(60.0, 25.0, {"prefill_graphs": 0})},
+                      checkpoint=lambda **p: tmp_path)
+    cell = result["cells"][0]
+    assert result["metric"] == "prefill"
+    assert cell["arms"]["default"]["legs"] == [2 * 64 * 1000 / 20.0] * 3  # 6400 tok/s
+    assert cell["arms"]["changed"]["legs"] == [2 * 64 * 1000 / 25.0] * 3
+    assert cell["verdict"]["direction"]["winner"] == "default" and cell["verdict"]["direction"]["state"] == "established"
+    assert cell["cell"]["metric"] == "prefill" and cell["cell"]["label"].endswith(" prefill")
+    decode = run_grid(_spec(legs=1), bench=lambda a, t: _bench_line(5.0, 1.0, {}), checkpoint=lambda **p: tmp_path)
+    assert "metric" not in decode["cells"][0]["cell"] and decode["metric"] == "decode"
+    assert "metric=prefill" in cell_key(cell["cell"]) and "metric" not in cell_key(decode["cells"][0]["cell"])
+
+
+@pytest.mark.parametrize("prefill_ms, found", [(None, "None"), (0, "0"), (float("nan"), "nan")])
+def test_a_prefill_leg_without_a_prefill_time_is_refused_naming_the_field(tmp_path, prefill_ms, found):
+    bench = lambda a, t: _bench_line(5.0, prefill_ms, {"prefill_graphs": 0})  # noqa: E731
+    with pytest.raises(GridError, match=rf"cell 0 .*arm default, leg 1: bench JSON prefill_ms: expected a positive "
+                                        rf"number, found {found}"):
+        run_grid(_prefill_spec(legs=1), bench=bench, checkpoint=lambda **p: tmp_path)
+
+
+def test_a_spec_names_its_metric_or_is_refused():
+    with pytest.raises(Exception, match=r"metric: expected one of decode, prefill, found 'ttft'"):
+        parse_spec({"name": "x", "metric": "ttft", "arms": {"a": {"lm_head": "packed"}, "b": {"lm_head": "dequant"}},
+                    "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}]}, "x.yaml")

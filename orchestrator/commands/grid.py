@@ -23,6 +23,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from grids import metric
 from grids.runner import GridError, Progress, refuse_unbindable, run_grid
 from grids.spec import LIMITS, GridSpec, SpecError, load_spec
 from orchestrator import terminal
@@ -35,10 +36,10 @@ from orchestrator.errors import fail
 from orchestrator.state_dir import CONFIG_HELP
 
 
-def _progress_printer(console: Console):
+def _progress_printer(console: Console, unit: str = "decode tok/s"):
     def show(event: Progress) -> None:
         if event.arm is not None:
-            console.log(f"leg {event.leg}  {event.cell}  {event.arm:>10}  {event.tok_s:.4f} tok/s")
+            console.log(f"leg {event.leg}  {event.cell}  {event.arm:>10}  {event.tok_s:.4f} {unit}")
             return
         d, m = event.verdict["direction"], event.verdict["magnitude"]
         console.log(f"leg {event.leg}  {event.cell}  direction {d['state']} ({d['winner']}, "
@@ -65,7 +66,7 @@ def grid_cmd(
     result, error = None, None
     try:
         result = run_grid(spec, until_binding=until_binding, max_legs=max_legs, out=run.legs_path,
-                          progress=_progress_printer(log), **here)
+                          progress=_progress_printer(log, metric.unit(spec.metric)), **here)
     except (SpecError, GridError, TreeRunError) as e:
         error = str(e)
     except KeyboardInterrupt:

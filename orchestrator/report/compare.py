@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jinja2
 
+from grids import metric
 from grids.spec import Policy
 from orchestrator.report import options
 from orchestrator.report.phases import leg_insides, phases
@@ -106,6 +107,7 @@ def view(record: Record | dict) -> dict:
     policy = {"tolerance": Policy().tolerance, **((record.grid or {}).get("policy") or {})}
     return {"run_id": record.run_id, "state": record.state, "headline": text, "cls": cls, "error": record.error,
             "outcome": comp.outcome, "grid": comp.grid, "arm": comp.arm, "policy": policy,
+            "unit": metric.unit((record.grid or {}).get("metric")),
             "legs": (record.grid or {}).get("legs"), "box": record.box.to_json(),
             "date": record.finished_at or record.created_at,
             "base": {**_side(comp.base), "gate": (comp.gates or {}).get("base")},

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grids import metric
 from orchestrator.record import Record
 from orchestrator.report import claims as claims_mod
 from orchestrator.report.claims import HISTORY_DIR, page_name
@@ -27,7 +28,7 @@ class Point:
     created_at: str | None
     box: str | None
     gpu: str | None
-    legs: dict[str, list[float]]  # arm -> decode tok/s per leg
+    legs: dict[str, list[float]]  # arm -> tok/s per leg (the cell's metric)
     direction: str | None  # established | indicated | none
     winner: str | None
     magnitude: str | None  # binding | owed
@@ -47,6 +48,7 @@ class CellHistory:
     key: str
     label: str
     spec: str
+    unit: str = "decode tok/s"  # what the legs measure (grids/metric.py)
     points: list[Point] = field(default_factory=list)
 
     @property
@@ -74,7 +76,8 @@ def histories(records: list[Record], spec: str, cell: str | None = None, box: st
             key, label = claims_mod.cell_key(c["cell"]), claims_mod.cell_label(c["cell"])
             if cell is not None and cell not in (key, label, label.split(" [")[0]):
                 continue
-            h = out.setdefault(key, CellHistory(key=key, label=label, spec=(r.grid or {}).get("spec") or spec))
+            h = out.setdefault(key, CellHistory(key=key, label=label, spec=(r.grid or {}).get("spec") or spec,
+                                                unit=metric.unit(metric.of_cell(c["cell"]))))
             h.points.append(_point(r, c))
     return list(out.values())
 
@@ -106,7 +109,7 @@ def plot(h: CellHistory, salt: str = "history") -> str:
         ax.plot(xs, meds, "-", color=colors[j % 4], lw=1.5, label=f"{arm} (median)")
     ax.set_xticks(range(len(h.points)), [(p.sha or "?")[:7] + ("*" if p.dirty else "") for p in h.points],
                   rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("decode tok/s per leg")
+    ax.set_ylabel(f"{h.unit} per leg")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _svg(fig, salt)

@@ -34,7 +34,7 @@ def _svg(fig: Figure, salt: str) -> str:
     return re.sub(r'href="#([^"]+)"', rf'href="#{salt}-\1"', text)
 
 
-def _legs_axes(ax, arms: dict[str, dict]) -> None:
+def _legs_axes(ax, arms: dict[str, dict], unit: str) -> None:
     names = list(arms)
     for y, name in enumerate(names):
         legs = arms[name]["legs"]
@@ -50,7 +50,7 @@ def _legs_axes(ax, arms: dict[str, dict]) -> None:
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(-0.7, len(names) - 0.3)
     ax.margins(x=0.25)
-    ax.set_xlabel("decode tok/s per leg")
+    ax.set_xlabel(f"{unit} per leg")
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -70,12 +70,13 @@ def _ratio_axes(ax, claim: dict, tolerance: float, binding: bool) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
 
 
-def cell_plot(arms: dict[str, dict], claim: dict | None, tolerance: float, binding: bool, salt: str) -> str:
+def cell_plot(arms: dict[str, dict], claim: dict | None, tolerance: float, binding: bool, salt: str,
+              unit: str = "decode tok/s") -> str:
     """SVG text for one cell: legs and spread per arm, and the ratio against the tolerance band."""
     with_ratio = claim is not None and claim.get("ratio") is not None
     fig = Figure(figsize=(9.0 if with_ratio else 5.5, 1.3 + 0.6 * max(len(arms), 2)), layout="constrained")
     axes = fig.subplots(1, 2, width_ratios=[3, 2]) if with_ratio else [fig.subplots()]
-    _legs_axes(axes[0], arms)
+    _legs_axes(axes[0], arms, unit)
     if with_ratio:
         _ratio_axes(axes[1], claim, tolerance, binding)
     return _svg(fig, salt)

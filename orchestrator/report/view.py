@@ -13,6 +13,7 @@ import datetime as dt
 import json
 from urllib.parse import quote
 
+from grids import metric
 from orchestrator.report import headline
 from orchestrator.report import live as live_mod
 from orchestrator.report import attribution
@@ -132,9 +133,10 @@ def cells(record: Record, with_plots: bool = True) -> list[dict]:
         arms = {name: {"median": None, "spread": None, **verdict_arms.get(name, {}), "legs": legs}
                 for name, legs in magnitude["legs"].items()}
         binding = magnitude in established
-        plot = plots.cell_plot(arms, magnitude, tolerance, binding, salt=f"cell{i}") if with_plots else None
+        unit = metric.unit(metric.of_cell(cell.get("cell")))
+        plot = plots.cell_plot(arms, magnitude, tolerance, binding, salt=f"cell{i}", unit=unit) if with_plots else None
         out.append({"key": magnitude["cell"], "label": magnitude["label"], "arms": arms,
-                    "established": established, "owed": owed, "tolerance": tolerance, "plot": plot,
+                    "established": established, "owed": owed, "tolerance": tolerance, "plot": plot, "unit": unit,
                     "history": f"{claims_mod.HISTORY_DIR}/{claims_mod.page_name((record.grid or {}).get('spec') or '', magnitude['cell'])}"})
     return out
 
