@@ -79,7 +79,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, policy: KernelPo
     return out
 
 
-# One program a row holds the whole row; its warps. kernels/tune/norm_sweep.py times the others.
+# One program a row holds the whole row; its warps. tools/tune/norm_sweep.py times the others.
 NORM_WARPS = 8
 WARPS = (1, 2, 4, 8, 16, 32)
 

@@ -129,7 +129,7 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
 # batch 1 on the H100 (grids/options-64.yaml, 3 legs, binding; docs/lab/2026-12-07-h100-b-session.md);
 # delta_target (default 1024) moves the target (KernelPolicy). At batch 16 (768 heads) 1024 splits each head 2 ways, 4 warps a program: 32.4 us a layer on
 # the H200 where the old target, 256, left them whole in 8 warps, 42.3 us (floor ~23;
-# kernels/tune/delta_sweep.py, 2026-12-04), and the 64-layer step went 9.21 -> 8.74 ms over 3
+# tools/tune/delta_sweep.py, 2026-12-04), and the 64-layer step went 9.21 -> 8.74 ms over 3
 # interleaved legs (docs/lab/2026-12-04-tile-rows.md). Batch 1 is the same at either target.
 MIN_BV = 16
 WARPS = (1, 2, 4, 8, 16)
@@ -163,7 +163,7 @@ def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
                num_warps: int | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """mixed [B, C] (post-conv q|k|v); z [B, Hv*Dv]; b, a [B, Hv]; rec_cache [S, Hv, Dk, Dv] FP32 (updated
     in place at `slots`) -> the gated-normed core output [B, Hv*Dv] in mixed's dtype. `nv`, `num_warps`:
-    programs per value head and warps per program, in place of the rule's (kernels/tune/delta_sweep.py)."""
+    programs per value head and warps per program, in place of the rule's (tools/tune/delta_sweep.py)."""
     bsz, hv = b.shape
     out = torch.empty(bsz, hv * head_v_dim, dtype=mixed.dtype, device=mixed.device)
     nv = nv or programs_per_head(bsz, hv, head_v_dim, policy)

@@ -165,11 +165,11 @@ def conv_prefill(qkv: torch.Tensor, cu_seqlens: torch.Tensor, token_seqs: torch.
 
 
 # A program's state columns and warps: one program per (sequence, value head, BLOCK_V columns) walks
-# the prompt token by token. kernels/tune/delta_prefill_sweep.py times the others on the H200.
+# the prompt token by token. tools/tune/delta_prefill_sweep.py times the others on the H200.
 BLOCK_V, WARPS = 32, 4
 WARP_COUNTS = (1, 2, 4, 8)
 # Tokens a step of kernels/gdn_prefill_chunked.py (KernelPolicy.delta_prefill_chunk: 16 or 32), or 0:
-# token by token, the default until kernels/tune/delta_prefill_sweep.py and an A/B time both on the H200.
+# token by token, the default until tools/tune/delta_prefill_sweep.py and an A/B time both on the H200.
 
 
 def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,

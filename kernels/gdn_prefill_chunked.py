@@ -17,7 +17,7 @@ another summation order: outputs agree to FP32 noise, then the BF16 rounding of 
 By ptxas for sm_90 at the 27b head size: "ieee" keeps its products in local memory (9.4 KB of
 spills at 16 tokens, 32 columns, 4 warps); "tf32x3" uses wgmma and spills 228-520 B; "tf32" at 8
 warps none. Chosen by `delta_prefill(chunk=C)`; the engine's default stays the
-serial kernel until kernels/tune/delta_prefill_sweep.py times both on the H200.
+serial kernel until tools/tune/delta_prefill_sweep.py times both on the H200.
 """
 from __future__ import annotations
 

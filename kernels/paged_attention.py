@@ -83,7 +83,7 @@ def paged_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, gate_ptr, out_ptr
     tl.store(out_ptr + b * s_out + cols, _round(o * gate, dt).to(dt), mask=gm[:, None])
 
 
-# Keys a step and warps a program. kernels/tune/attention_sweep.py times the others on the H200; by
+# Keys a step and warps a program. tools/tune/attention_sweep.py times the others on the H200; by
 # ptxas for sm_90 at the 27b head size (256), this launch spills 780 B, 8 warps of 32 keys none.
 TILE, WARPS = 64, 4
 

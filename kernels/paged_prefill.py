@@ -29,7 +29,7 @@ from kernels.paged_attention import kv_step
 from kernels.triton_round import round_to as _round
 
 # Query tokens a program, keys a step, warps: D = 256 holds a [64, 256] FP32 accumulator in 8 warps'
-# registers. kernels/tune/attention_sweep.py times the others on the H200.
+# registers. tools/tune/attention_sweep.py times the others on the H200.
 BM, BN, WARPS = 64, 32, 8
 
 

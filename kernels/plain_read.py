@@ -1,6 +1,6 @@
 """A plain streaming read of N bytes (Triton): what reading them once costs, and nothing else.
 
-Two users: kernels/tune/read_floor.py times it against the tile GEMM at each decode shape (is the
+Two users: tools/tune/read_floor.py times it against the tile GEMM at each decode shape (is the
 GEMM's time its bytes' or its own?), and the engine's ablation `--option ablate=tower:read` (engine/
 ablate.py) launches it in each GEMM's place, so a decode step runs as if every GEMM read its weights
 at plain-read speed and did nothing else.

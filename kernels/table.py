@@ -2,7 +2,7 @@
 fast path at every M) and `TRITON` (the Triton kernels on the checkpoint layout), their config types,
 the one lookup `config_for(m, table)`, and the Triton kernels' K-block and split-K rules.
 
-Tuned once, offline, on the H200 (`python -m kernels.tune.bench --sweep` / `--tile-sweep`, see
+Tuned once, offline, on the H200 (`python -m tools.tune.bench --sweep` / `--tile-sweep`, see
 docs/lab/2026-11-30_2026-12-03-kernel-notes.md) and fixed here: the launchers never autotune at call time, so start-up is
 deterministic and every call is CUDA-graph safe. No Triton here.
 """
@@ -125,7 +125,7 @@ TILE: tuple[tuple[int, Config], ...] = (
 # 6.957 to 6.458 ms at batch 1 and from 9.630 to 9.215 at batch 16 (docs/lab/2026-12-04-tile-rows.md). From `SWEEP_SHAPES=gate_up_proj,down_proj,o_proj,attn_qkv,
 # gdn_in_proj SWEEP_MS=1,16 bash scripts/device_kernels.sh tilesweep`, 2026-12-04 19:2x UTC (weights
 # past L2, graph replay; docs/lab/2026-12-04-sweeps/tilesweep.json): the rows that beat TILE's by at
-# least 5%, exactly what `python -m kernels.tune.bench --by-shape-from <that file>` prints (a test holds
+# least 5%, exactly what `python -m tools.tune.bench --by-shape-from <that file>` prints (a test holds
 # the table to it). A second sweep at M 4 and 8 (docs/lab/2026-12-04-tile-rows/tilesweep-m4-m8.json)
 # keeps gate_up's M <= 8 row; down's row is the fastest at M 1, 4 and 8 but gains 5.2, 3.0 and 5.7%
 # there, 4.7% over the band: kept, as timed in the engine with the others.
@@ -153,7 +153,7 @@ def tile_config(m: int, n: int, k: int, policy: KernelPolicy = DEFAULT) -> Confi
 # From which M a tile GEMM is "dequantize + cuBLAS" instead (kernels/tile_dequant.py): a per-call BF16
 # copy of the weight and cuBLAS's BF16 GEMM, the path issue 24 says prefill-sized M must never be slower
 # than (the tower shapes at M=256 ran at 0.65-0.82x cuBLAS alone; the copy writes 2 bytes a weight that
-# cuBLAS reads back). Per (N, K): the smallest M of `python -m kernels.tune.dequant_sweep` from which the
+# cuBLAS reads back). Per (N, K): the smallest M of `python -m tools.tune.dequant_sweep` from which the
 # copy and cuBLAS win at every M measured (its JSON's `dequant_by_shape`). Empty: not measured on the H200 yet,
 # so every M stays on the tile kernels. The option dequant_min_m=M sets one M for every
 # shape (an A/B); 0 turns the rows off (KernelPolicy).

@@ -35,7 +35,7 @@ CUDA_FLAGS = ("-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17")
 SPLIT_MAX = 32
 # How far K is split (KernelPolicy.split_waves, default 2): until the CTAs fill the SMs that many times over, ceil(groups / wanted
 # splits) groups per split, the last split shorter, so a K of 68 groups (down_proj) is not stuck at
-# 4 splits. On the H200 (kernels/tune/split_sweep.py, 27B decode shapes, weights past L2): at M=16 a
+# 4 splits. On the H200 (tools/tune/split_sweep.py, 27B decode shapes, weights past L2): at M=16 a
 # GDN layer's four GEMMs 112.6 -> 100.1 us against splits that divide the groups exactly (down_proj
 # 33.7 -> 24.7 us); at M=1 the splits are the same either way. More waves (4, 8, 16) gained nothing
 # at M=1 and at most 1% at M=16: a decode GEMM's time over its floor is its ramp and tail, not a lack

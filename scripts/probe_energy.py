@@ -31,7 +31,7 @@ import time
 import torch
 
 from nvfp4 import dequantize_raw
-from kernels.tune.bench import random_packed
+from tools.tune.bench import random_packed
 from kernels.tile_gemm import tile_gemm
 from kernels.tile_layout import repack
 

@@ -133,7 +133,7 @@ def test_delta_step_split_agrees_with_one_program_per_head_over_many_steps(monke
 
 @pytest.mark.parametrize("nv, warps", [(1, 1), (2, 2), (4, 4), (8, 1)])
 def test_delta_step_at_an_explicit_split_and_warp_count_is_the_default_step(nv, warps):
-    """delta_step(nv=, num_warps=) (kernels/tune/delta_sweep.py times them): the same states and
+    """delta_step(nv=, num_warps=) (tools/tune/delta_sweep.py times them): the same states and
     outputs as the rule's launch, batch 3 on scattered slots, two steps (the tickets back at zero);
     a split the kernel cannot run is refused by name."""
     hk, hv, dk, dv = 2, 4, 16, 64
@@ -176,7 +176,7 @@ def test_the_split_target_moves_the_rule_and_a_bad_one_is_refused(target, nv):
 
 
 def test_the_delta_sweep_times_every_launchable_split_with_the_reference_first():
-    from kernels.tune.delta_sweep import candidates
+    from tools.tune.delta_sweep import candidates
 
     c = candidates(128, 128)
     assert c[0] == (1, 8) and len(set(c)) == len(c)
@@ -221,7 +221,7 @@ def test_add_rms_norm_sums_split_k_partials_as_the_reduce_kernel_does(splits):
 
 @pytest.mark.parametrize("warps", [1, 4, 16, 32])
 def test_add_rms_norm_at_any_warp_count_matches_the_reference(warps):
-    """kernels/tune/norm_sweep.py's launches: every warp count it times gives the reference's row (on a
+    """tools/tune/norm_sweep.py's launches: every warp count it times gives the reference's row (on a
     GPU the sum of squares is reduced in another order: within 1 BF16 ulp); a count not built is refused."""
     g = torch.Generator().manual_seed(warps)
     h, d = (torch.randn(2, 5120, generator=g) * 3).to(BF16), torch.randn(2, 5120, generator=g).to(BF16)

@@ -79,7 +79,7 @@ def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, le
 
 @pytest.mark.parametrize("block_v, warps", [(8, 1), (16, 2), (64, 8), (32, 4)])
 def test_delta_prefill_at_any_launch_shape_gives_the_default_launchs_values(block_v, warps):
-    """kernels/tune/delta_prefill_sweep.py's launches: outputs within 1 BF16 ulp and states within FP32
+    """tools/tune/delta_prefill_sweep.py's launches: outputs within 1 BF16 ulp and states within FP32
     reordering of the engine's (BLOCK_V, WARPS) launch; a warp count not in WARP_COUNTS is refused."""
     g = torch.Generator().manual_seed(block_v + warps)
     hk, hv, dk, dv, lens = 2, 4, 32, 64, [3, 40]

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "kernels", "grids", "gates", "nvfp4")
+PACKAGES = ("engine", "kernels", "grids", "gates", "nvfp4", "tools")
 NAME = re.compile(r"REGATE_[A-Z0-9_]*")
 INFRASTRUCTURE = {
     "REGATE_CACHE",  # engine/ckpt_cache.py: where synthesized checkpoints are cached

@@ -77,7 +77,7 @@ def test_paged_prefill_matches_the_reference_and_reads_only_live_blocks(h, hkv, 
 
 @pytest.mark.parametrize("block_m, block_n", [(16, 16), (32, 64), (128, 16)])
 def test_every_launch_shape_the_sweep_times_matches_the_reference(block_m, block_n):
-    """kernels/tune/attention_sweep.py's prefill launches: other query tiles and key steps, the same
+    """tools/tune/attention_sweep.py's prefill launches: other query tiles and key steps, the same
     attention (to rounding noise)."""
     q, gate, k_cache, v_cache, tables, cu, positions, ctx = _case(4, 2, 32, [1, 40, 70], [0, 5, 0], seed=block_m + block_n)
     ref = _reference(q, gate, k_cache, v_cache, tables, cu, ctx, 0.2)

@@ -142,8 +142,8 @@ def _lower_id_first(t) -> list[int]:
 
 
 def test_the_benchs_reference_is_the_runners_pick():
-    """kernels/tune/sample_bench.py times torch's side as the runner runs it: the same row as the kernel."""
-    from kernels.tune.sample_bench import reference
+    """tools/tune/sample_bench.py times torch's side as the runner runs it: the same row as the kernel."""
+    from tools.tune.sample_bench import reference
 
     logits = torch.randn(2, 5000).to(DEV)
     out, prev = _pick(logits, 5)

@@ -8,8 +8,8 @@ import torch
 
 from kernels import table
 from kernels.table import TileConfig, WgmmaConfig
-from kernels.tune.sweep import run_sweep
-from kernels.tune.tile_sweep import candidates, sweep
+from tools.tune.sweep import run_sweep
+from tools.tune.tile_sweep import candidates, sweep
 
 
 def test_run_sweep_skips_wrong_and_failing_configs_and_keeps_the_fastest(tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_tile_candidates_of_one_kind_keep_the_incumbent():
 
 def test_the_prefill_delta_sweep_starts_at_the_engines_launch_and_skips_spilling_ones():
     from kernels import gdn_prefill
-    from kernels.tune.delta_prefill_sweep import candidates
+    from tools.tune.delta_prefill_sweep import candidates
 
     got = candidates(dk=128, dv=128)
     assert got[0] == (gdn_prefill.BLOCK_V, gdn_prefill.WARPS) and len(set(got)) == len(got)
@@ -66,7 +66,7 @@ def test_the_prefill_delta_sweep_starts_at_the_engines_launch_and_skips_spilling
 
 def test_the_attention_sweep_starts_at_the_engines_launches_and_names_each_once():
     from kernels import paged_attention, paged_prefill
-    from kernels.tune.attention_sweep import decode_candidates, prefill_candidates
+    from tools.tune.attention_sweep import decode_candidates, prefill_candidates
 
     dec, pre = decode_candidates(), prefill_candidates()
     assert dec[0] == (paged_attention.TILE, paged_attention.WARPS) and len(set(dec)) == len(dec) == 12
@@ -76,7 +76,7 @@ def test_the_attention_sweep_starts_at_the_engines_launches_and_names_each_once(
 
 def test_the_prefill_delta_sweep_times_chunked_launches_the_kernel_takes():
     from kernels import gdn_prefill_chunked as chunked
-    from kernels.tune.delta_prefill_sweep import chunked_candidates
+    from tools.tune.delta_prefill_sweep import chunked_candidates
 
     got = chunked_candidates()
     assert len(set(got)) == len(got) and {p for _, _, p, _ in got} == set(chunked.PRECISIONS)
@@ -84,9 +84,9 @@ def test_the_prefill_delta_sweep_times_chunked_launches_the_kernel_takes():
 
 
 def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monkeypatch, capsys):
-    from kernels.tune.bench import sweep_cli
+    from tools.tune.bench import sweep_cli
 
-    args = ("kernels.tune.x_sweep", "Title line.\nmore", [], {"--tokens": {"type": int, "default": 7}}, str, "HEAD")
+    args = ("tools.tune.x_sweep", "Title line.\nmore", [], {"--tokens": {"type": int, "default": 7}}, str, "HEAD")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="x_sweep: needs a CUDA GPU"):
         sweep_cli(*args)
@@ -103,7 +103,7 @@ def test_read_floor_names_the_shapes_whose_m1_gemm_splits_k():
     """`read_floor`'s split count is kernels.tile_gemm's rule on the table's config: on the H200's 132
     SMs gate_up and the head are one launch; down, o_proj and the GDN projections split K (their GEMM
     time then includes the reduce kernel, and the tool also times them without it)."""
-    from kernels.tune import read_floor
+    from tools.tune import read_floor
 
     got = {name: read_floor.splits_at_m1(name, 132) for name in read_floor.SHAPES}
     assert got["gate_up"] == 1 and got["lm_head"] == 1

@@ -112,7 +112,7 @@ def test_the_dequant_switch_reads_the_policy_and_the_shape_rows(monkeypatch):
 
 
 def test_the_sweeps_crossover_is_the_m_from_which_dequant_wins_throughout():
-    from kernels.tune.dequant_sweep import crossover
+    from tools.tune.dequant_sweep import crossover
 
     def rows(*pairs):
         return [{"m": m, "tile_ms": t, "dequant_ms": d} for m, t, d in pairs]

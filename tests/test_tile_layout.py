@@ -9,7 +9,7 @@ import torch
 
 from nvfp4 import dequantize_raw
 from kernels import table, tile_gemm, tile_layout
-from kernels.tune.tile_sweep import by_shape_rows, table_from_sweep
+from tools.tune.tile_sweep import by_shape_rows, table_from_sweep
 from kernels.tile_layout import emulate_dequant, emulate_fragments, repack
 
 

@@ -1,5 +1,5 @@
 """How many warps the residual add + RMSNorm's one program a row should have:
-`python -m kernels.tune.norm_sweep [--batches 1,16] [--splits 0,4,7]`.
+`python -m tools.tune.norm_sweep [--batches 1,16] [--splits 0,4,7]`.
 
 kernels/decode_norm.add_rms_norm at the 27b hidden size (5120) for each warp count, with d a plain
 BF16 tensor (splits 0) or a split-K GEMM's FP32 partials (a SplitSum of 4 splits: o_proj's and
@@ -19,7 +19,7 @@ import torch
 
 from kernels import decode_norm
 from kernels.tile_gemm import SplitSum
-from kernels.tune.bench import environment, median_ms
+from tools.tune.bench import environment, median_ms
 
 HIDDEN = 5120
 EPS = 1e-6
@@ -58,7 +58,7 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.norm_sweep", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.norm_sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--splits", default="0,4,7")
     a = ap.parse_args(argv)

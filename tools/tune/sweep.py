@@ -1,7 +1,7 @@
 """Offline tuning: time candidate configs per (shape, M) so the Triton table (`kernels/table.py`
 TRITON) can be fixed.
 
-Run on the GPU box through `python -m kernels.tune.bench --sweep [--shapes ...] [--ms ...]`. It prints
+Run on the GPU box through `python -m tools.tune.bench --sweep [--shapes ...] [--ms ...]`. It prints
 every timing, the best config per (shape, M), and one JSON line; nothing is written to the table
 automatically (a person reads it, edits the table and records why in docs/lab/2026-11-30_2026-12-03-kernel-notes.md).
 """

@@ -1,4 +1,4 @@
-"""What reading N bytes once costs at all: `python -m kernels.tune.read_floor [--shapes ...] [--json]`.
+"""What reading N bytes once costs at all: `python -m tools.tune.read_floor [--shapes ...] [--json]`.
 
 At M=1 the tile GEMM reaches 0.45-0.68 of the 4.4 TB/s floor at the 27B tower shapes (17-100 MB)
 and 0.92 at the head (715 MB); each tower GEMM is ~5 us over bytes / bandwidth. Is that the
@@ -25,8 +25,8 @@ from kernels import table
 from kernels import tile_gemm as tg
 from kernels.policy import KernelPolicy
 from kernels.plain_read import read, xor_reference
-from kernels.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
-from kernels.tune.split_sweep import SHAPES, operands, packed_bytes
+from tools.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
+from tools.tune.split_sweep import SHAPES, operands, packed_bytes
 
 CONFIGS = [(block, loads, warps) for block in (1024, 4096) for loads in (1, 4, 8, 16) for warps in (4, 8)]
 
@@ -73,7 +73,7 @@ def splits_at_m1(name: str, sms: int) -> int:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.read_floor", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.read_floor", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     a = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The decode step's pick, kernel against torch: `python -m kernels.tune.sample_bench [--batches 1,16]`.
+"""The decode step's pick, kernel against torch: `python -m tools.tune.sample_bench [--batches 1,16]`.
 
 kernels/sample.greedy_topk and its reference (`logits.topk(k)`, `logits.argmax()` and the four
 writes of the sampled row, as engine/model_runner.py does them) on FP32 logits of the 27b
@@ -14,7 +14,7 @@ import json
 import torch
 
 from kernels import sample
-from kernels.tune.bench import environment, median_ms
+from tools.tune.bench import environment, median_ms
 
 VOCAB = 248_320
 TOP_K = 5
@@ -45,7 +45,7 @@ def row(batch: int, vocab: int = VOCAB, k: int = TOP_K) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.sample_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.sample_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,16")
     a = ap.parse_args(argv)
     rows = [row(int(b)) for b in a.batches.split(",")]

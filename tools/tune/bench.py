@@ -1,4 +1,4 @@
-"""Benchmark of the packed NVFP4 W4A16 GEMM: `python -m kernels.tune.bench [--json] [--sweep]`.
+"""Benchmark of the packed NVFP4 W4A16 GEMM: `python -m tools.tune.bench [--json] [--sweep]`.
 
 One run measures, on the same device: its read bandwidth (a large FP32 reduction), the packed
 kernel, cuBLAS BF16 on the dequantized weight (the dequant arm), torch's int4 tinygemm at group 32
@@ -7,7 +7,7 @@ and tower shapes for each M. Times are medians of many reps of calls replayed fr
 (triton.testing.do_bench_cudagraph; the engine's decode runs in graphs too); each arm rotates over
 enough weight copies that the 60 MB L2 cannot serve a repeat. Prints a table for
 people, then one JSON line for machines. `--sweep` / `--tile-sweep` time candidate configs instead
-(kernels/tune/sweep.py, tile_sweep.py). Tuning code: no product module imports it.
+(tools/tune/sweep.py, tile_sweep.py). Tuning code: no product module imports it.
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def environment() -> dict:
 
 def print_by_shape(paths: list[str], min_gain: float) -> None:
     """The TILE_BY_SHAPE rows the sweeps in `paths` call for, as Python for kernels/table.py."""
-    from kernels.tune.tile_sweep import by_shape_rows
+    from tools.tune.tile_sweep import by_shape_rows
 
     results = []
     for path in paths:
@@ -209,12 +209,12 @@ def print_by_shape(paths: list[str], min_gain: float) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    ap.add_argument("--sweep", action="store_true", help="time candidate configs (kernels/tune/sweep.py)")
+    ap.add_argument("--sweep", action="store_true", help="time candidate configs (tools/tune/sweep.py)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (kernels/tune/tile_sweep.py)")
+    ap.add_argument("--tile-sweep", action="store_true", help="time the CUDA tile GEMM's configs (tools/tune/tile_sweep.py)")
     ap.add_argument("--sweep-out", help="with --sweep: also write the JSON line here")
     ap.add_argument("--tile-kinds", default="sync,wgmma", help="--tile-sweep: which kernels (sync, wgmma)")
     ap.add_argument("--tile-table-from", help="a --tile-sweep --sweep-out file: bench its fastest tile configs")
@@ -229,18 +229,18 @@ def main(argv=None) -> None:
     shapes = {s: SHAPES[s] for s in a.shapes.split(",")}
     ms = [int(v) for v in a.ms.split(",")]
     if a.sweep:
-        from kernels.tune.sweep import sweep
+        from tools.tune.sweep import sweep
         return sweep(shapes, ms, a.sweep_out, time_packed)
     if a.tile_sweep:
-        from kernels.tune.tile_sweep import sweep as tile_sweep
+        from tools.tune.tile_sweep import sweep as tile_sweep
         return tile_sweep(shapes, ms, a.sweep_out, time_tile, kinds=tuple(a.tile_kinds.split(",")))
     if a.tile_table_from:
-        from kernels.tune.tile_sweep import table_from_sweep as tile_table
+        from tools.tune.tile_sweep import table_from_sweep as tile_table
         with open(a.tile_table_from) as f:
             table.TILE = tile_table(json.loads(f.readline())["results"])
         print("TILE =", table.TILE, file=sys.stderr)
     if a.table_from:
-        from kernels.tune.sweep import table_from_sweep
+        from tools.tune.sweep import table_from_sweep
         with open(a.table_from) as f:
             table.TRITON = table_from_sweep(json.loads(f.readline())["results"])
         print("TRITON =", table.TRITON, file=sys.stderr)

@@ -1,4 +1,4 @@
-"""regate's Gated DeltaNet kernels against fla-core's: `python -m kernels.tune.field_compare [--json]`.
+"""regate's Gated DeltaNet kernels against fla-core's: `python -m tools.tune.field_compare [--json]`.
 
 Issue 24 asks to choose by measurement between field libraries and our own kernels. At the 27b shape
 (16 key heads, 48 value heads, head dim 128) and on the same random inputs, this runs
@@ -27,7 +27,7 @@ import json
 
 import torch
 
-from kernels.tune.bench import copies_for, environment, median_ms
+from tools.tune.bench import copies_for, environment, median_ms
 
 HK, HV, DK, DV = 16, 48, 128, 128  # the 27b preset's Gated DeltaNet
 KEY_DIM, CONV_DIM = HK * DK, 2 * HK * DK + HV * DV
@@ -142,7 +142,7 @@ def rotated(fn, copies: list[torch.Tensor], graph: bool = True) -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.field_compare", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.field_compare", description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -1,13 +1,13 @@
 """Offline tuning of the CUDA tile GEMM: time every built config per (shape, M), each checked against
-the reference first, so `kernels/table.py`'s TILE can be fixed by a person (`python -m kernels.tune.bench
+the reference first, so `kernels/table.py`'s TILE can be fixed by a person (`python -m tools.tune.bench
 --tile-sweep [--shapes ...] [--ms ...]`). Prints every timing, the best per (shape, M), one JSON line.
 """
 from __future__ import annotations
 
 from kernels import table
 from kernels.table import BUILT, WGMMA_BLOCK_M, WGMMA_MAX_BM_2_ROW_BLOCKS, Config, TileConfig, WgmmaConfig, config_from_dict
-from kernels.tune.sweep import run_sweep
-from kernels.tune.sweep import table_from_sweep as fastest_per_m
+from tools.tune.sweep import run_sweep
+from tools.tune.sweep import table_from_sweep as fastest_per_m
 
 
 KINDS = ("sync", "wgmma")

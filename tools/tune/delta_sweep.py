@@ -1,4 +1,4 @@
-"""How to split the decode delta rule: `python -m kernels.tune.delta_sweep [--batches 1,16] [--json]`.
+"""How to split the decode delta rule: `python -m tools.tune.delta_sweep [--batches 1,16] [--json]`.
 
 kernels/gdn_decode.delta_step at the 27b Gated DeltaNet shape (16 key heads, 48 value heads, head
 dim 128) for every split of a head's DV columns over programs (`nv`) and warps per program, each
@@ -16,8 +16,8 @@ import json
 import torch
 
 from kernels import gdn_decode
-from kernels.tune.bench import copies_for, environment, read_bandwidth_gbps, sweep_cli
-from kernels.tune.field_compare import DK, DV, EPS, HK, HV, inputs, rotated, states
+from tools.tune.bench import copies_for, environment, read_bandwidth_gbps, sweep_cli
+from tools.tune.field_compare import DK, DV, EPS, HK, HV, inputs, rotated, states
 
 SPLITS = (1, 2, 4, 8, 16)
 
@@ -75,7 +75,7 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    a, show = sweep_cli("kernels.tune.delta_sweep", __doc__, argv, {}, _line,
+    a, show = sweep_cli("tools.tune.delta_sweep", __doc__, argv, {}, _line,
                         f"{'batch':>5} {'nv':>3} {'warps':>5} {'us':>8} {'floor us':>9} {'of floor':>8}")
     gbps = read_bandwidth_gbps()
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, gbps, show)]

@@ -1,4 +1,4 @@
-"""Launch shapes of the attention kernels: `python -m kernels.tune.attention_sweep [--batches 1,16]
+"""Launch shapes of the attention kernels: `python -m tools.tune.attention_sweep [--batches 1,16]
 [--contexts 192,2048] [--tokens 128] [--json]`.
 
 At the 27b attention shape (24 query heads over 4 KV heads, head dim 256, 16-token blocks):
@@ -21,7 +21,7 @@ import json
 import torch
 
 from kernels import paged_attention, paged_prefill
-from kernels.tune.bench import copies_for, environment, median_ms, sweep_cli
+from tools.tune.bench import copies_for, environment, median_ms, sweep_cli
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 24, 4, 256, 16
 DEVICE = "cuda"
@@ -121,7 +121,7 @@ def _line(r: dict) -> str:
 def main(argv=None) -> None:
     options = {"--contexts": {"default": "192,2048", "help": "decode contexts (tokens)"},
                "--tokens": {"type": int, "default": 128, "help": "prefill prompt length"}}
-    a, show = sweep_cli("kernels.tune.attention_sweep", __doc__, argv, options, _line,
+    a, show = sweep_cli("tools.tune.attention_sweep", __doc__, argv, options, _line,
                         f"{'kernel':>8} {'batch':>5} {'context':>7} {'config':>10} {'us':>9}")
     batches = [int(b) for b in a.batches.split(",")]
     rows = [r for b in batches for c in map(int, a.contexts.split(",")) for r in decode_sweep(b, c, show)]

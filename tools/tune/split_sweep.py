@@ -1,4 +1,4 @@
-"""How far to split K: `python -m kernels.tune.split_sweep [--ms 1,16] [--waves 2,4,8,16] [--json]`.
+"""How far to split K: `python -m tools.tune.split_sweep [--ms 1,16] [--waves 2,4,8,16] [--json]`.
 
 Times the CUDA tile GEMM at the 27B engine's own decode shapes (the merged projections of
 engine/projections.py, the head) for each split policy (KernelPolicy.split_waves, kernels/tile_gemm.py),
@@ -16,7 +16,7 @@ import torch
 
 from kernels import tile_gemm as tg
 from kernels.policy import KernelPolicy
-from kernels.tune.bench import environment, median_ms, random_packed, read_bandwidth_gbps, copies_for
+from tools.tune.bench import environment, median_ms, random_packed, read_bandwidth_gbps, copies_for
 
 # (N, K) of the GEMMs a 27B decode step runs, merged as the CUDA engine merges them.
 SHAPES = {
@@ -68,7 +68,7 @@ def splits_of(name: str, m: int, sms: int, waves: int) -> int:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.split_sweep", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.split_sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="1,16")
     ap.add_argument("--waves", default="2,4,8,16")
     ap.add_argument("--shapes", default=",".join(list(SHAPES) + list(LAYERS)))

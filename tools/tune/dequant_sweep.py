@@ -1,6 +1,6 @@
-"""Where dequantize + cuBLAS beats the tile kernels: `python -m kernels.tune.dequant_sweep [--ms ...] [--json]`.
+"""Where dequantize + cuBLAS beats the tile kernels: `python -m tools.tune.dequant_sweep [--ms ...] [--json]`.
 
-At each prefill-sized M and each merged 27B tower shape (kernels/tune/split_sweep.py SHAPES) times,
+At each prefill-sized M and each merged 27B tower shape (tools/tune/split_sweep.py SHAPES) times,
 as graph replays on weight copies rotated past L2: the tile kernel at the table's config; the
 dequant path (kernels/tile_dequant.py: the BF16 copy, then cuBLAS); its two parts alone (the copy;
 cuBLAS on a weight already BF16). Each shape's two paths are first checked against each other at
@@ -18,8 +18,8 @@ import torch
 from kernels import table
 from kernels import tile_gemm as tg
 from kernels.tile_dequant import dequant_gemm, dequantize_tile
-from kernels.tune.bench import environment, median_ms, rotating
-from kernels.tune.split_sweep import SHAPES, operands
+from tools.tune.bench import environment, median_ms, rotating
+from tools.tune.split_sweep import SHAPES, operands
 
 TOWER = [s for s in SHAPES if s != "lm_head"]
 
@@ -63,7 +63,7 @@ def time_shape(name: str, m: int, cache: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernels.tune.dequant_sweep", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.tune.dequant_sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--ms", default="128,256,512,1024,2048,4096")
     ap.add_argument("--shapes", default=",".join(TOWER))
     ap.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -1,4 +1,4 @@
-"""How to launch the prefill delta rule: `python -m kernels.tune.delta_prefill_sweep [--batches 1,16]
+"""How to launch the prefill delta rule: `python -m tools.tune.delta_prefill_sweep [--batches 1,16]
 [--tokens 128] [--json]`, token by token or in chunks (kernels/gdn_prefill_chunked.py).
 
 kernels/gdn_prefill.delta_prefill at the 27b Gated DeltaNet shape (16 key heads, 48 value heads, head
@@ -9,7 +9,7 @@ reference, 4 ulps at most and 0.05 on average, flagged where it is not) before i
 CUDA-graph replays (the engine replays its prefills) with the state slots rotated past L2. Why: a
 program walks its prompt token by token, so at batch 1 the 27b shape has 48 x (128 / BLOCK_V)
 programs, each ~128 dependent steps; on the H200 it took
-110.7 us a layer at batch 1 and 828.8 at batch 16 (128 tokens; kernels/tune/field_compare.py,
+110.7 us a layer at batch 1 and 828.8 at batch 16 (128 tokens; tools/tune/field_compare.py,
 docs/BENCHMARKS.md), ~5 ms of a 64-layer batch-1 prefill. Prints a table, then one JSON line. Tuning
 code: no product module imports it.
 """
@@ -21,8 +21,8 @@ import torch
 
 from kernels import gdn_prefill
 from kernels.policy import DEFAULT
-from kernels.tune.bench import copies_for, environment, sweep_cli
-from kernels.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
+from tools.tune.bench import copies_for, environment, sweep_cli
+from tools.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
 
 BLOCKS = (8, 16, 32, 64, 128)
 
@@ -91,7 +91,7 @@ def _line(r: dict) -> str:
 
 
 def main(argv=None) -> None:
-    a, show = sweep_cli("kernels.tune.delta_prefill_sweep", __doc__, argv, {"--tokens": {"type": int, "default": 128}},
+    a, show = sweep_cli("tools.tune.delta_prefill_sweep", __doc__, argv, {"--tokens": {"type": int, "default": 128}},
                         _line, f"{'batch':>5} {'tokens':>6} {'kernel':>14} {'block_v':>7} {'warps':>5} {'us':>9} "
                                f"{'ulps':>6}")
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, a.tokens, show)]

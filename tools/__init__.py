@@ -1,0 +1,3 @@
+"""Tools beside the engine core (issue 51): code that measures or tunes the engine and its kernels
+but that no product module imports (tests/test_import_layers.py FLOORS). tools/tune: the kernels'
+benchmark and offline sweeps, whose results are written into kernels/table.py by hand."""
