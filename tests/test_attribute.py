@@ -150,7 +150,9 @@ def test_a_prefill_slower_in_one_length_moves_neither_the_step_nor_any_part(monk
     shift_ms = 200.0 / 8  # what a whole-run window would take off each step
     for key in ("total_ms_per_step", "profiled_ms_per_step"):
         assert abs(slow[key] - base[key]) < 0.2 * shift_ms, (key, base[key], slow[key])
-    assert 0.5 < slow["closure"] < 2.0, slow["closure"]
+    # the profile against the step timed apart: on this shared 2-core box the two runs can differ by
+    # 2x (a CI run read 0.494); a whole-run window would give a step near zero or negative, far outside
+    assert 0.25 < slow["closure"] < 4.0, slow["closure"]
 
 
 def test_the_decode_window_is_one_decode_run_inside_the_run():
