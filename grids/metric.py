@@ -24,12 +24,17 @@ def of_cell(cell: dict | None) -> str:
     return (cell or {}).get("metric") or DEFAULT
 
 
-def rate(record: dict, metric: str, batch: int, prompt_len: int, where: str) -> float:
-    """The leg's number from its bench line; ValueError naming the field when it is not a positive number."""
+def rate(record: dict, metric: str, prompt_tokens: int, where: str) -> float:
+    """The leg's number from its bench line (`prompt_tokens`: batch x prompt_len, what one prefill
+    takes in); ValueError naming the field when it is not a positive number."""
     if metric == "decode":
-        return _positive(record.get("decode_tok_s"), "decode_tok_s", where)
-    ms = _positive(record.get("prefill_ms"), "prefill_ms", where)
-    return batch * prompt_len * 1000.0 / ms
+        return decode_rate(record, where)
+    return prompt_tokens * 1000.0 / _positive(record.get("prefill_ms"), "prefill_ms", where)
+
+
+def decode_rate(record: dict, where: str) -> float:
+    """decode_tok_s, which every bench line reports whatever its grid measures."""
+    return _positive(record.get("decode_tok_s"), "decode_tok_s", where)
 
 
 def _positive(value, name: str, where: str) -> float:

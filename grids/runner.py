@@ -92,11 +92,16 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
         raise GridError(f"{where}: the packed arm's head did not run on the fp4 GEMM (head_fp4_gemm "
                         f"{params.get('head_fp4_gemm')!r}, fp4_gemm_reason {params.get('fp4_gemm_reason')!r}): "
                         "a packed leg on a BF16 operand is an error, never a number")
+    _checked(metric.decode_rate, record, where)
+    return record
+
+
+def _checked(read: Callable[..., float], *args) -> float:
+    """A read of grids/metric.py, its ValueError (naming the field) raised as the runner's GridError."""
     try:
-        metric.rate(record, "decode", 1, 1, where)  # every bench line reports its decode rate
+        return read(*args)
     except ValueError as e:
         raise GridError(str(e)) from None
-    return record
 
 
 def check_options(record: dict, arm: Arm, where: str, first: dict | None = None) -> None:
@@ -248,10 +253,7 @@ def _run_leg(spec: GridSpec, runs: Mapping[str, Run], index: int, record: dict, 
         got = run_bench(runs[arm.name], bench_args(spec, cell, arm, record["model_dir"]), spec.timeout_s, where)
         done = record["arms"][arm.name]["raw"]
         check_options(got, arm, where, done[0] if done else None)
-        try:
-            rate = metric.rate(got, spec.metric, cell.batch, cell.prompt_len, where)
-        except ValueError as e:
-            raise GridError(str(e)) from None
+        rate = _checked(metric.rate, got, spec.metric, cell.batch * cell.prompt_len, where)
         record["arms"][arm.name]["legs"].append(rate)
         record["arms"][arm.name]["raw"].append(got)
         record["arms"][arm.name]["wall_s"].append(round(time.perf_counter() - started, 3))
