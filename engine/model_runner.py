@@ -103,7 +103,7 @@ class ModelRunner:
             return
         if self.prefill_graphs is None or not self.prefill_bucket or not self.shares_prefill_graphs():
             raise ValueError("option prefill_warm: warm prefill graphs need prefill graphs on, prefill_bucket > 0 "
-                             "and a forward keyed by shape (prefill_attention=1 with the fused prefill)")
+                             "and a forward keyed by shape (the fused prefill)")
         for n in lengths:
             self.prefill_graphs.warm(PrefillFeed.in_sink(n, self.kv.pad_block, pad_slot=self.state.pad_slot,
                                                          block_size=self.bm.block_size, multiple=self.prefill_bucket))
@@ -112,7 +112,7 @@ class ModelRunner:
         """Whether the prefill forward reads its sequences' extents from the device alone (the fused
         prefill kernels, the attention's too), so one graph serves every feed of a bucket's shape."""
         fused = self.model.fused
-        return fused is not None and fused.prefill and fused.prefill_attention
+        return fused is not None and fused.prefill
 
     def decode(self, seqs: list[Sequence]) -> tuple[list[int], list[list[float]], list[list[int]]]:
         """One token per sequence (its last) -> (greedy ids, top-k logits, top-k ids), one row each;

@@ -29,7 +29,6 @@ class EngineOptions:
     fused_decode: bool = True  # CUDA's fused decode kernels (engine/fused.py); False: the torch path
     fused_prefill: bool = True  # ... and the fused prefill kernels
     split_sum_in_norm: bool = True  # a split-K GEMM's partials summed by the residual add + RMSNorm
-    prefill_attention: bool = False  # prefill attention on kernels/paged_prefill.py (off until an A/B)
     fused_sample: bool = True  # the decode step's pick on kernels/sample.py (CUDA)
     merge_projections: bool = True  # one GEMM for the projections of one input (engine/projections.py)
     fp4_gemm: bool = True  # the backend's packed fp4 GEMM where it has one (engine/backends.py)

@@ -14,7 +14,7 @@ inside the forward, so the eager path and the graph run the same kernels on the 
 Buckets (the option prefill_bucket=N, off by default): a prefill's tokens are padded up to a multiple of
 N by one more sequence that owns only the caches' padding sink (the KV pad block, the state pad slot),
 as decode pads its batch. Where the forward reads its sequences' extents from the device alone (the
-fused prefill kernels with kernels/paged_prefill.py's attention: ModelRunner.shares_prefill_graphs),
+fused prefill kernels, kernels/paged_prefill.py's attention among them: ModelRunner.shares_prefill_graphs),
 such a feed's key is its shape, (tokens, sequences, width), so every batch of that shape replays one
 graph, a prompt never seen before included; elsewhere the padded feed keys by its lengths as an
 unpadded one does.

@@ -10,8 +10,9 @@ which made a 128-token prefill of the 27b shape launch-bound: ~150 ms at batch 1
   value head, block of BV value columns), the state block [Dk, BV] in registers for the whole prompt:
   q/k L2 norms, the decay and beta from the raw a/b projections, o_t = q_t^T S_t, and the final state
   written ONCE into the sequence's slot. The next token's inputs are loaded before this token's
-  update, so their latency hides behind it. `chunk=16|32` (the option delta_prefill_chunk) runs the same
-  recurrence C tokens a step instead (kernels/gdn_prefill_chunked.py).
+  update, so their latency hides behind it. The same recurrence 16 tokens a step (the UT-transform
+  form, an option until 2026-12-07) made a 64-layer 128-token prefill 2.6x slower on the H100 and
+  was deleted (docs/lab/2026-12-07-h100-c-session.md).
 
 - `gated_rms_norm`: the gated RMSNorm of every (token, value head) of o, one launch (8 torch ops in
   the reference engine.model.norm.gated_rms_norm, whose rounding steps it follows).
@@ -25,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_round import round_to as _round
 
 
@@ -168,20 +168,16 @@ def conv_prefill(qkv: torch.Tensor, cu_seqlens: torch.Tensor, token_seqs: torch.
 # the prompt token by token. tools/tune/delta_prefill_sweep.py times the others on the H200.
 BLOCK_V, WARPS = 32, 4
 WARP_COUNTS = (1, 2, 4, 8)
-# Tokens a step of kernels/gdn_prefill_chunked.py (KernelPolicy.delta_prefill_chunk: 16 or 32), or 0:
-# token by token, the default until tools/tune/delta_prefill_sweep.py and an A/B time both on the H200.
 
 
 def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seqlens: torch.Tensor,
                   rec_cache: torch.Tensor | None, slots: torch.Tensor | None, A_log: torch.Tensor,
                   dt_bias: torch.Tensor, *, num_k_heads: int, head_k_dim: int, head_v_dim: int,
-                  block_v: int = BLOCK_V, num_warps: int = WARPS, chunk: int | None = None,
-                  precision: str = "ieee", policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+                  block_v: int = BLOCK_V, num_warps: int = WARPS) -> torch.Tensor:
     """mixed [T, C] (post-conv q|k|v, sequences by cu_seqlens [B+1] int32); b, a [T, Hv] -> the core
     output o [T, Hv*Dv] in mixed's dtype (before the gated RMSNorm). With rec_cache [S, Hv, Dk, Dv] FP32,
     each sequence's final state is written to its slot of `slots` [B]. `block_v`, `num_warps`: a
-    program's state columns and warps. `chunk`: tokens a step of the chunked kernel, 0 token by token
-    (None: policy.delta_prefill_chunk); `precision`: its products' ("ieee" or "tf32x3")."""
+    program's state columns and warps."""
     n, hv = b.shape
     bv = min(block_v, head_v_dim)
     if head_v_dim % bv or head_k_dim & (head_k_dim - 1) or bv & (bv - 1):
@@ -193,15 +189,6 @@ def delta_prefill(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cu_seql
     store = rec_cache is not None
     rec = rec_cache if store else out  # unused when not storing
     grid = (cu_seqlens.numel() - 1, hv, head_v_dim // bv)
-    chunk = policy.delta_prefill_chunk if chunk is None else chunk
-    if chunk:
-        from kernels import gdn_prefill_chunked
-
-        gdn_prefill_chunked.launch(grid, mixed, b, a, cu_seqlens, slots if store else cu_seqlens, rec, A_log, dt_bias,
-                                   out, num_k_heads * head_k_dim, head_k_dim**0.5, rep=hv // num_k_heads,
-                                   dk=head_k_dim, dv=head_v_dim, bv=bv, chunk=chunk, store=store, precision=precision,
-                                   num_warps=num_warps)
-        return out
     delta_prefill_kernel[grid](
         mixed, b, a, cu_seqlens, slots if store else cu_seqlens, rec, A_log, dt_bias, out, num_k_heads * head_k_dim,
         head_k_dim**0.5, mixed.stride(0), b.stride(0), a.stride(0), rec.stride(0), out.stride(0),

@@ -6,8 +6,7 @@ They were REGATE_* environment variables read at import or per call; now the eng
 are what the engine runs. It lives in kernels/ so no kernel imports the engine's options.
 
 Each field's why sits where it is read: kernels/pdl.py, kernels/table.py (tile_by_shape,
-dequant_min_m), kernels/tile_gemm.py (split_waves, gemm_early_weights),
-kernels/gdn_decode.py (delta_target), kernels/gdn_prefill.py (delta_prefill_chunk),
+dequant_min_m), kernels/tile_gemm.py (split_waves), kernels/gdn_decode.py (delta_target),
 kernels/nvfp4_gemm.py (tile_gemm).
 """
 from __future__ import annotations
@@ -22,17 +21,13 @@ class KernelPolicy:
     tile_by_shape: bool = True  # table.TILE_BY_SHAPE's rows ahead of TILE's
     dequant_min_m: int | None = None  # None: table.DEQUANT_BY_SHAPE; 0: never; M: from M rows, every shape
     split_waves: int = 2  # split K until the CTAs fill the SMs this many times over
-    gemm_early_weights: int = 1  # K groups loaded before the PDL wait inside a graph capture (0: off)
     delta_target: int = 1024  # Gated DeltaNet decode: a value head split over programs until a step has about this many
-    delta_prefill_chunk: int = 0  # Gated DeltaNet prefill: 0 (token by token), 16 or 32 tokens a chunk
 
     def __post_init__(self):
         for name, ok, expected in (
             ("dequant_min_m", self.dequant_min_m is None or self.dequant_min_m >= 0, "None or an M >= 0"),
             ("split_waves", self.split_waves >= 1, "a count of waves >= 1"),
-            ("gemm_early_weights", 0 <= self.gemm_early_weights <= 2, "0, 1 or 2 K groups"),
             ("delta_target", self.delta_target >= 1, "a positive number of programs"),
-            ("delta_prefill_chunk", self.delta_prefill_chunk in (0, 16, 32), "0, 16 or 32"),
         ):
             if not ok:
                 raise ValueError(f"option {name}: expected {expected}, found {getattr(self, name)!r}")

@@ -43,12 +43,13 @@ SPLIT_MAX = 32
 # reduce kernel, or by the consumer (SplitSum); switches measured slower and removed (the even
 # splits, the sum in the GEMM's last CTA, an L2 prefetch before the PDL wait, a shared-memory ring):
 # docs/lab/2026-12-07-deleted-switches.md.
-# KernelPolicy.gemm_early_weights: K groups (0-2) of its weights each warp of the mma.sync kernel loads into registers before it waits
-# on the kernel before it (csrc/nvfp4_tile_gemm.cu): the weight stream of a decode GEMM starts while
-# the small kernels before it run, instead of after them. Only inside a CUDA graph capture: a graph
-# is captured after the weights are loaded and no kernel in it writes them, while an eager call may
-# directly follow the load-time kernel that wrote them (a read before the wait could see old bytes).
-# Default 1; 0: off.
+# The mma.sync kernel's early weights: inside a CUDA graph capture each warp loads its first K group of
+# weights into registers before it waits on the kernel before it (csrc/nvfp4_tile_gemm.cu): the
+# weight stream of a decode GEMM starts while the small kernels before it run, instead of after them.
+# Only there: a graph is captured after the weights are loaded and no kernel in it writes them, while
+# an eager call may directly follow the load-time kernel that wrote them (a read before the wait could
+# see old bytes). No early group made a 64-layer step 0.5% slower at batch 1 (grids/options-64.yaml,
+# H100, 2026-12-07), two groups 2.3% (2026-12-04): the count was an option until 2026-12-07.
 # K groups kept requested into L2 ahead of the M <= 8 loop (gemm_prefetch_ahead, an option until
 # 2026-12-07) made a 64-layer step 18.5% slower at batch 1 on the H100 and were deleted
 # (grids/options-64.yaml; docs/lab/2026-12-07-h100-b-session.md).
@@ -95,11 +96,10 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
 
 
-def early_groups(policy: KernelPolicy = DEFAULT) -> int:
-    """The mma.sync kernel's early weight groups for this call: policy.gemm_early_weights while a CUDA
-    graph is being captured on the current stream, else 0 (see its comment above)."""
-    early = policy.gemm_early_weights
-    return early if early > 0 and torch.cuda.is_current_stream_capturing() else 0
+def early_weights() -> bool:
+    """Whether the mma.sync kernel loads its first weight group before the PDL wait: only while a CUDA
+    graph is being captured on the current stream (see its comment above)."""
+    return torch.cuda.is_current_stream_capturing()
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, defer,
-                                  early_groups(policy))
+                                  early_weights())
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)

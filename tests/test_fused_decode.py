@@ -312,16 +312,13 @@ def test_attention_prep_refuses_what_it_cannot_index():
                                       torch.zeros(1, dtype=torch.long), cache, cache)
 
 
-@pytest.mark.parametrize("prefill_attention, bucket, delta_chunk", [
-    (False, 0, 0), (True, 0, 0), (True, 16, 0), (True, 47, 16)])
-def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, prefill_attention, bucket,
-                                                                   delta_chunk):
-    """The wiring (engine.fused -> the model's decode and norms) on the tiny checkpoint: the same
-    greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; with the
-    prefill's attention on its kernel (kernels/paged_prefill.py), and so with the prefill padded to a
+@pytest.mark.parametrize("bucket", [0, 16, 47])
+def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, bucket):
+    """The wiring (engine.fused -> the model's decode, prefill and norms) on the tiny checkpoint: the
+    same greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; the
+    prefill's attention on its kernel (kernels/paged_prefill.py), so the prefill may be padded to a
     bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to 47
-    (an empty padding sequence); once with the prefill's delta rule in chunks of 16 tokens
-    (kernels/gdn_prefill_chunked.py)."""
+    (an empty padding sequence)."""
     from types import SimpleNamespace
 
     from engine.engine import Engine
@@ -340,10 +337,9 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    options = EngineOptions(prefill_bucket=bucket).with_kernels(delta_prefill_chunk=delta_chunk)
+    options = EngineOptions(prefill_bucket=bucket)
     bind = lambda fn: bind_policy(fn, options)  # noqa: E731  (as engine.fused binds them)
-    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, policy=options.kernels,
-                              prefill_attention=prefill_attention, **{name: counted(name, bind(fn)) for name, fn in (
+    kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, policy=options.kernels, **{name: counted(name, bind(fn)) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
         ("gated_rms_norm", gdn_prefill.gated_rms_norm),
         ("conv_step", gdn_decode.conv_step), ("delta_step", gdn_decode.delta_step),
@@ -353,13 +349,13 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
     monkeypatch.setattr("engine.model.build.fused_kernels", lambda device, opts: kernels)
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128, options=options)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
-    assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs() == prefill_attention
+    assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs()
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     gdn_layers = sum(1 for layer in eng.model.layers if hasattr(layer.mixer, "state_index"))
     # one prefill of the three prompts, its attention layers' norms, RoPE and K/V writes in attention_prep too
     assert calls["conv_prefill"] == calls["delta_prefill"] == calls["gated_rms_norm"] == gdn_layers
-    assert calls.get("paged_prefill_gated", 0) == (layers - gdn_layers if prefill_attention else 0)
+    assert calls["paged_prefill_gated"] == layers - gdn_layers
     if eng.runner().graphs:  # a CUDA graph calls the kernels once per captured bucket, then replays them
         assert calls["delta_step"] == calls["conv_step"] > 0
         assert calls["attention_prep"] == calls["paged_decode_gated"] + layers - gdn_layers > layers - gdn_layers
@@ -380,8 +376,6 @@ def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path():
     assert on is not None and on.delta_step.func is gdn_decode.delta_step
     assert on.delta_step.keywords == {"policy": KernelPolicy()}  # each kernel bound to the engine's policy
     assert on.paged_prefill_gated.func is paged_prefill.paged_prefill_gated
-    assert not on.prefill_attention  # off until the H200 measures it
-    assert fused.fused_kernels(torch.device("cuda"), EngineOptions(prefill_attention=True)).prefill_attention
     assert fused.fused_kernels(torch.device("cuda"), EngineOptions(fused_decode=False)) is None
     no_pdl = EngineOptions().with_kernels(pdl=False)
     assert fused.fused_kernels(torch.device("cuda"), no_pdl).rms_norm.keywords == {"policy": no_pdl.kernels}

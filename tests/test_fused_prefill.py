@@ -44,11 +44,9 @@ def _reference(qkv, b, a, conv_w, a_log, dt_bias, lens, hk, dk, dv):
     return torch.cat(outs), windows, states
 
 
-@pytest.mark.parametrize("chunk", [0, 16, 32])
 @pytest.mark.parametrize("hk, hv, dk, dv, lens", [(2, 4, 32, 32, [5, 1, 70]), (1, 3, 16, 64, [2, 9])])
-def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, lens, chunk):
-    """Sequences shorter than the conv window, of one token, and longer than a 64-token chunk; the
-    delta rule token by token (chunk 0) and in chunks of 16 and 32 (kernels/gdn_prefill_chunked.py)."""
+def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, lens):
+    """Sequences shorter than the conv window, of one token, and longer than a 64-token chunk."""
     g = torch.Generator().manual_seed(hv * 10 + dv)
     kern, n_slots = 4, 5
     total, conv_dim = sum(lens), 2 * hk * dk + hv * dv
@@ -65,7 +63,7 @@ def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, le
     mixed = gdn_prefill.conv_prefill(dev(qkv), cu_k, gdn_prefill.token_seq(cu_k, total), conv_k, dev(slots),
                                      dev(conv_w))
     out = gdn_prefill.delta_prefill(mixed, dev(b), dev(a), cu_k, rec_k, dev(slots), dev(a_log), dev(dt_bias),
-                                    num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, block_v=16, chunk=chunk)
+                                    num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, block_v=16)
     assert out.shape == ref_out.shape
     err = _ulps(out.cpu(), ref_out)
     assert err.max() <= 4.0 and err.mean() < 0.05  # BF16 outputs after FP32 sums in another order

@@ -12,10 +12,10 @@ from kernels.policy import KernelPolicy
 
 # The defaults the REGATE_* variables had (unset) before they became options: a change here changes
 # what a default engine runs, so it must be deliberate.
-BEFORE = {"ablate": "", "decode_ahead": True, "delta_prefill_chunk": 0, "delta_target": 1024,
+BEFORE = {"ablate": "", "decode_ahead": True, "delta_target": 1024,
           "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True, "fused_sample": True,
-          "gemm_early_weights": 1, "merge_projections": True, "nvfp4_w4a4": False,
-          "pdl": True, "prefill_attention": False, "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
+          "merge_projections": True, "nvfp4_w4a4": False,
+          "pdl": True, "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
           "split_sum_in_norm": True, "split_waves": 2, "tile_by_shape": True, "tile_gemm": True}
 
 
@@ -30,11 +30,11 @@ def test_every_kernel_defaults_to_the_policy_the_engine_passes():
     from kernels import (attention_prep, decode_norm, gdn_decode, gdn_prefill, merge, nvfp4_gemm, paged_attention,
                          paged_prefill, pdl, plain_read, sample, table, tile_gemm)
     fns = (attention_prep.attention_prep, decode_norm.rms_norm, decode_norm.add_rms_norm, decode_norm.silu_mul,
-           gdn_decode.conv_step, gdn_decode.delta_step, gdn_decode.programs_per_head, gdn_prefill.delta_prefill,
+           gdn_decode.conv_step, gdn_decode.delta_step, gdn_decode.programs_per_head,
            merge.matmul_merged, nvfp4_gemm.prepare, nvfp4_gemm.matmul, nvfp4_gemm.matmul_split, nvfp4_gemm.merge,
            nvfp4_gemm.matmul_merged, paged_attention.paged_decode_gated, paged_prefill.paged_prefill_gated,
            pdl.launch_options, plain_read.empty_launch, plain_read.read_pair, sample.greedy_topk, table.tile_config,
-           table.dequant_from, tile_gemm.tile_gemm, tile_gemm.early_groups)
+           table.dequant_from, tile_gemm.tile_gemm)
     for fn in fns:
         assert inspect.signature(fn).parameters["policy"].default == KernelPolicy(), fn.__qualname__
     assert inspect.signature(tile_gemm.groups_per_split).parameters["waves"].default == KernelPolicy().split_waves
@@ -58,10 +58,11 @@ def test_parse_and_from_mapping_agree_and_canonicalize():
     (["prefill_graphs=many"], "option prefill_graphs: expected an integer, found 'many'"),
     (["prefill_bucket=-1"], "option prefill_bucket: expected a count >= 0, found -1"),
     (["split_waves=0"], "option split_waves: expected a count of waves >= 1, found 0"),
-    (["gemm_early_weights=3"], "option gemm_early_weights: expected 0, 1 or 2 K groups, found 3"),
     (["gemm_prefetch_ahead=4"], "option gemm_prefetch_ahead: unknown; expected one of "),  # deleted 2026-12-07
+    (["gemm_early_weights=0"], "option gemm_early_weights: unknown; expected one of "),  # deleted 2026-12-07
+    (["delta_prefill_chunk=16"], "option delta_prefill_chunk: unknown; expected one of "),  # deleted 2026-12-07
+    (["prefill_attention=0"], "option prefill_attention: unknown; expected one of "),  # the only path since 2026-12-07
     (["delta_target=0"], "option delta_target: expected a positive number of programs, found 0"),
-    (["delta_prefill_chunk=8"], "option delta_prefill_chunk: expected 0, 16 or 32, found 8"),
     (["dequant_min_m=-2"], "option dequant_min_m: expected None or an M >= 0, found -2"),
     (["prefill_warm=0"], r"option prefill_warm: expected prompt lengths > 0, found \[0\]"),
     (["ablate=bogus"], "option ablate: unknown part 'bogus'"),

@@ -191,12 +191,12 @@ def test_a_replayed_prefill_equals_the_eager_one(arm, monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_one_bucketed_graph_serves_prompts_it_never_saw(monkeypatch):
-    """Buckets of 32 tokens with the prefill attention kernel: batches of three prompts of other
+    """Buckets of 32 tokens (the prefill attention kernel reads only device inputs): batches of three prompts of other
     lengths (one never asked for before) replay one graph, and every token and top-k logit equals
     an engine that pads the same way but never replays."""
-    opts = EngineOptions(prefill_attention=True, prefill_bucket=32)
+    opts = EngineOptions(prefill_bucket=32)
     eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
-                   options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_graphs=0))
+                   options=EngineOptions(prefill_bucket=32, prefill_graphs=0))
     assert eager.runner().prefill_graphs is None and eager.runner().prefill_bucket == 32
     graphs = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64, options=opts)
     assert graphs.runner().shares_prefill_graphs()
@@ -215,10 +215,10 @@ def test_a_warmed_bucket_replays_a_users_first_prompt(monkeypatch):
     prompt of 9 tokens replays it (no graph added), with the tokens and top-k logits of an engine that
     pads the same way but never replays."""
     eager = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
-                   options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_graphs=0))
+                   options=EngineOptions(prefill_bucket=32, prefill_graphs=0))
     assert eager.runner().prefill_graphs is None
     warm = Engine(tiny(), backend="cuda", max_num_seqs=4, max_model_len=64,
-                  options=EngineOptions(prefill_attention=True, prefill_bucket=32, prefill_warm=(20,)))
+                  options=EngineOptions(prefill_bucket=32, prefill_warm=(20,)))
     assert len(warm.runner().prefill_graphs.graphs) == 1
     prompt = [[11, 3, 250, 7, 7, 1, 90, 4, 2]]
     assert warm.generate(prompt, 4) == eager.generate(prompt, 4)

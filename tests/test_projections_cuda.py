@@ -146,27 +146,23 @@ def test_the_engine_sums_split_k_in_the_norm_bit_for_bit():
 
 @pytest.mark.parametrize("n,k", [(1024, 6144), (4352, 1280)])
 def test_early_weight_loads_change_nothing(n, k):
-    """Weights loaded before the PDL wait (the option gemm_early_weights, kernels/tile_gemm.py; only inside a graph
-    capture) give the eager GEMM's y bit for bit at 0, 1 and 2 early groups, behind a kernel that
-    writes x, across replays, and after the weights are rewritten in place between replays."""
+    """Weights loaded before the PDL wait (kernels/tile_gemm.py's early weights: only inside a graph capture)
+    give the eager GEMM's y (no early load) bit for bit, behind a kernel that writes x, across replays, and
+    after the weights are rewritten in place between replays."""
     from kernels import tile_gemm
 
     w, other = _weights({"w": n, "other": n}, k, _seed())
-    assert tile_gemm.early_groups() == 0  # never outside a capture
-    for early in (0, 1, 2):
-        policy = KernelPolicy(gemm_early_weights=early)
-        x = torch.zeros(1, k, device="cuda").bfloat16()
-        matmul(x * 2, w, policy=policy)  # warm outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = matmul(x * 2, w, policy=policy)  # the GEMM right behind the kernel that writes its x
-        saved = w.kernel_operand.words.clone(), w.kernel_operand.codes.clone()
-        for i in range(4):
-            x.copy_(torch.randn(1, k, device="cuda"))
-            if i == 2:  # new weights in place, right before a replay
-                w.kernel_operand.words.copy_(other.kernel_operand.words)
-                w.kernel_operand.codes.copy_(other.kernel_operand.codes)
-            graph.replay()
-            assert torch.equal(y, matmul(x * 2, w)), (early, i)
-        w.kernel_operand.words.copy_(saved[0])
-        w.kernel_operand.codes.copy_(saved[1])
+    assert not tile_gemm.early_weights()  # never outside a capture
+    x = torch.zeros(1, k, device="cuda").bfloat16()
+    matmul(x * 2, w)  # warm outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert tile_gemm.early_weights()
+        y = matmul(x * 2, w)  # the GEMM right behind the kernel that writes its x
+    for i in range(4):
+        x.copy_(torch.randn(1, k, device="cuda"))
+        if i == 2:  # new weights in place, right before a replay
+            w.kernel_operand.words.copy_(other.kernel_operand.words)
+            w.kernel_operand.codes.copy_(other.kernel_operand.codes)
+        graph.replay()
+        assert torch.equal(y, matmul(x * 2, w)), i

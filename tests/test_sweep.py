@@ -74,15 +74,6 @@ def test_the_attention_sweep_starts_at_the_engines_launches_and_names_each_once(
     assert (32, 8) in dec  # no spill by ptxas at head dim 256
 
 
-def test_the_prefill_delta_sweep_times_chunked_launches_the_kernel_takes():
-    from kernels import gdn_prefill_chunked as chunked
-    from tools.tune.delta_prefill_sweep import chunked_candidates
-
-    got = chunked_candidates()
-    assert len(set(got)) == len(got) and {p for _, _, p, _ in got} == set(chunked.PRECISIONS)
-    assert all(c in chunked.CHUNKS and bv >= chunked.MIN_BLOCK_V and 128 % bv == 0 for c, bv, _, _ in got)
-
-
 def test_a_sweep_tools_command_line_shows_rows_unless_json_and_needs_a_gpu(monkeypatch, capsys):
     from tools.tune.bench import sweep_cli
 

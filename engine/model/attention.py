@@ -75,9 +75,8 @@ class GatedAttention:
 
     def _fused(self, q, k, v, gate, ctx: Context) -> torch.Tensor:
         """q/k norms, RoPE and the K/V write in one kernel (booked as attention, norms included), then
-        decode: attention over the live tokens with the output gate in a second; prefill: the same in
-        kernels/paged_prefill.py where switched on, else the paged reference attention over the cache
-        just written."""
+        decode: attention over the live tokens with the output gate in a second; prefill: the same for
+        every prompt in one launch (kernels/paged_prefill.py), reading only device inputs."""
         k_cache, v_cache = ctx.kv_cache.layer(self.cache_index)
         with scope("attention"):
             q = self.fused.attention_prep(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
@@ -85,13 +84,10 @@ class GatedAttention:
             if ctx.kind == "decode":
                 out = self.fused.paged_decode_gated(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, gate,
                                                     self.scale)
-            elif self.fused.prefill_attention:  # every prompt in one launch, reading only device inputs
+            else:
                 bound = ctx.max_query_len or max(ctx.seq_lens)
                 out = self.fused.paged_prefill_gated(q, k_cache, v_cache, ctx.block_tables, ctx.cu_seqlens(),
                                                      ctx.positions, gate, self.scale, bound)
-            else:
-                t = q.shape[0]
-                out = self._paged_prefill(q, k_cache, v_cache, ctx).reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
         with scope("tower.qkvo"):
             return self.o_proj(out)
 
