@@ -14,7 +14,7 @@ directory, found from the cwd as git finds its repository or given by REGATE_HOM
     trusted_root: null           # a directory whose gates/, grids/, orchestrator/ judge every head (null: see trusted_ref)
     trusted_ref: null            # a CLI gate's trusted commit (null: origin/HEAD, else the merge-base with main)
     default_box: h200-a          # else the first box
-    requeue: 1                   # the service runs a pool job whose box died again, this many times
+    requeue: 1                   # runs again, this many times, a pool job whose box died and a job the service died under
     timeouts: {schedule_s: 120, lock_s: 3600, build_s: 1800, idle_wait_s: 300, heartbeat_s: 5, stale_s: 120}
     boxes:
       - name: h200-a
@@ -95,7 +95,7 @@ class Config:
     trusted_ref: str | None = None  # the commit whose harness judges a CLI gate (driver/harness.py)
     default_box: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
-    requeue: int = 1  # how many times the service requeues a pool job whose box died under it
+    requeue: int = 1  # times the service requeues a pool job whose box died, or a job its previous life ran
     source: str = "<built-in defaults>"
 
     def box(self, name: str | None) -> BoxConfig:

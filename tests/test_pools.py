@@ -171,6 +171,7 @@ def test_a_lost_pool_job_is_requeued_once_as_a_run_of_its_own(env, monkeypatch):
     assert again.state == "LOST" and "requeued" not in again.error  # requeue: 1 spent
     assert avoided == [(), ("a1",)]  # the retry is placed off the box it was lost on
     assert q.claim_next(conn, "a1", "h100") is None
+    assert q.orphans(conn) == set()  # each attempt settled by its worker: a restart retries neither again
     rows = conn.execute("SELECT run_id, box, state FROM runs ORDER BY created_at").fetchall()
     assert sorted(rows) == sorted([(first.run_id, "a1", "LOST"), (retry.run_id, "a1", "LOST")])
 

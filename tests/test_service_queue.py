@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 
 import pytest
 
@@ -208,3 +209,138 @@ def test_an_interrupted_gate_keeps_its_finished_suites_and_settles_no_owed_item(
     assert [i["id"] for i in owed.list_open(conn, sha)] == [item["id"]]
     lost.state, lost.interrupted = "PASSED", None  # the same suites from a run that ended settle it
     assert owed.sync_from_record(conn, lost)["settled"] == [item["id"]]
+
+
+def _orphan(conn, rec, interrupted: bool = True):
+    """`rec` claimed, started on its box and left RUNNING by a service that then stopped (interrupted)
+    or died (not), its heartbeat past a 60 s deadline."""
+    q.claim_next(conn, rec.box.name if rec.box else "boxa")
+    db.mark_running(conn, rec, "task-1")
+    q.mark_started(conn, rec.run_id)
+    if interrupted:
+        q.mark_interrupted(conn, rec, "the service stopped (SIGTERM) while the job ran")
+    conn.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", (time.time() - 61, rec.run_id))
+
+
+def _job(conn, run_id):
+    cols = "run_id, box, repo, rev, grid, source, kind, base, arm, pool, attempt, retry_of"
+    return q.QueuedJob(*conn.execute(f"SELECT {cols} FROM service_jobs WHERE run_id = ?", (run_id,)).fetchone())
+
+
+@pytest.mark.parametrize("interrupted, why", [(True, "interrupted: the service stopped (SIGTERM)"),
+                                               (False, "no heartbeat from the driver for over 60 s")])
+def test_a_job_a_dead_or_stopped_service_left_running_is_lost_then_queued_again_once(env, interrupted, why):
+    from orchestrator.service.run import retry_orphan
+
+    config, repo, sha, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    _orphan(conn, rec, interrupted)
+    retry = partial(retry_orphan, config, q.orphans(conn))  # as `serve` reads them at start
+    assert q.reconcile(conn, stale_s=60, retry=retry) == [rec.run_id]
+    lost = db.get(conn, rec.run_id)
+    again = q.claim_next(conn, "boxa")
+    assert lost.state == "LOST" and lost.error.startswith(why)
+    assert lost.error.endswith(f"; requeued on box boxa as run {again.run_id} (attempt 2)")
+    assert (again.attempt, again.retry_of, again.rev, again.grid, again.source) == (2, rec.run_id, sha, "smoke",
+                                                                                   f"requeue:{rec.run_id}")
+    assert db.get(conn, again.run_id).state == "QUEUED" and db.get(conn, again.run_id).head.sha == sha
+    # the second attempt left running too: past `requeue` (1), LOST for good, nothing queued
+    _orphan(conn, db.get(conn, again.run_id), interrupted)
+    retry = partial(retry_orphan, config, q.orphans(conn))
+    assert q.reconcile(conn, stale_s=60, retry=retry) == [again.run_id]
+    assert "requeued" not in db.get(conn, again.run_id).error and q.claim_next(conn, "boxa") is None
+
+
+def test_only_a_previous_lifes_jobs_are_retried_and_a_changed_archive_is_not(env):
+    from orchestrator.service.run import retry_orphan
+
+    config, repo, _, conn = env
+    mine, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    _orphan(conn, mine)
+    assert q.reconcile(conn, stale_s=60, retry=partial(retry_orphan, config, frozenset())) == [mine.run_id]
+    assert "requeued" not in db.get(conn, mine.run_id).error and q.claim_next(conn, "boxa") is None
+    old, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    _orphan(conn, old)
+    stored = db.get(conn, old.run_id)
+    stored.provenance.md5_driver = "0" * 32  # what was queued is not what the revision archives to now
+    db.store(conn, stored)
+    assert q.reconcile(conn, stale_s=60, retry=partial(retry_orphan, config, q.orphans(conn))) == [old.run_id]
+    error = db.get(conn, old.run_id).error
+    assert "; not requeued: git archive of" in error and "changed between queueing and running" in error
+    assert q.claim_next(conn, "boxa") is None
+
+
+def test_a_comparison_left_running_is_queued_again_as_the_same_comparison(env):
+    from orchestrator.service.run import retry_orphan
+    from service_support import commit_slow_head
+
+    config, repo, base, conn = env
+    head = commit_slow_head(repo, 1)
+    rec, _ = q.enqueue_compare(conn, config, repo, base, head, "boxa", "smoke", None, "schedule:nightly")
+    _orphan(conn, rec, interrupted=False)
+    assert q.reconcile(conn, stale_s=60, retry=partial(retry_orphan, config, q.orphans(conn))) == [rec.run_id]
+    again = q.claim_next(conn, "boxa")
+    arm = _job(conn, rec.run_id).arm
+    assert (again.kind, again.base, again.rev, again.arm, again.attempt) == ("compare", base, head, arm, 2)
+    queued = db.get(conn, again.run_id)
+    assert queued.kind == "compare" and (queued.compare.base.sha, queued.compare.head.sha) == (base, head)
+
+
+def test_serve_at_start_loses_and_queues_again_what_its_previous_life_left_running(env, monkeypatch):
+    """`orchestrator serve`'s start: a gate its previous life was running (heartbeat past stale_s) is made
+    LOST and queued again, and a worker takes the retry."""
+    from orchestrator.service import daemon
+
+    config, repo, sha, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    _orphan(conn, rec, interrupted=False)
+    conn.execute("UPDATE runs SET heartbeat = ? WHERE run_id = ?", (time.time() - 2 * config.timeouts.stale_s,
+                                                                   rec.run_id))
+    taken = []
+    monkeypatch.setattr(daemon, "run_queued", lambda config, conn, job, *a: taken.append(job) or time.sleep(0.2))
+    svc = daemon.Service(config, str(repo), port=0, poll_s=0.05)
+    try:
+        svc.start()
+        deadline = time.monotonic() + 30
+        while not taken and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        svc.shutdown()
+    lost = db.get(conn, rec.run_id)
+    assert lost.state == "LOST" and lost.error.startswith("no heartbeat from the driver")
+    assert [(j.retry_of, j.attempt, j.rev) for j in taken[:1]] == [(rec.run_id, 2, sha)]
+    assert lost.error.endswith(f"; requeued on box boxa as run {taken[0].run_id} (attempt 2)")
+
+
+def test_a_job_the_ledgers_sweep_made_lost_before_serve_restarted_is_queued_again_at_start(env):
+    """`orchestrator runs` after the service died reconciles first (the ledger's sweep, no retry): the
+    next start still queues the job again, once, and settles it; a job whose box lost it is not."""
+    from orchestrator.service.run import retry_orphan
+
+    config, repo, sha, conn = env
+    rec, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    _orphan(conn, rec, interrupted=False)
+    assert db.mark_stale_lost(conn, stale_s=60) == [rec.run_id]  # the CLI's sweep
+    settled, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    _orphan(conn, settled, interrupted=False)
+    finish(conn, settled.run_id, "LOST")  # its worker recorded the loss (a box that died: not retried)
+    q.mark_settled(conn, settled.run_id)
+    retry = partial(retry_orphan, config, q.orphans(conn))
+    assert q.orphans(conn) == {rec.run_id}
+    assert q.retry_swept(conn, retry) == [rec.run_id]
+    again = q.claim_next(conn, "boxa")
+    assert db.get(conn, rec.run_id).error.endswith(f"; requeued on box boxa as run {again.run_id} (attempt 2)")
+    assert (again.retry_of, again.attempt) == (rec.run_id, 2) and q.claim_next(conn, "boxa") is None
+    assert q.orphans(conn) == set() and q.retry_swept(conn, retry) == []  # settled: a second start does nothing
+
+
+def test_a_queue_from_before_settling_treats_what_had_ended_as_settled(env):
+    config, repo, _, conn = env
+    ended, _ = q.enqueue(conn, config, repo, "main", "boxa", None, False, "api")
+    _orphan(conn, ended, interrupted=False)
+    finish(conn, ended.run_id, "LOST")
+    live, _ = q.enqueue(conn, config, repo, "main", "boxa", "smoke", False, "api")
+    _orphan(conn, live, interrupted=False)
+    conn.executescript("ALTER TABLE service_jobs DROP COLUMN settled_at;")  # the older schema
+    q.ensure_schema(conn)
+    assert q.orphans(conn) == {live.run_id}  # the LOST one of the old queue is history, not an orphan

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ import pytest
 from orchestrator import db
 from orchestrator.service import queue as service_queue
 from orchestrator.config import load_config
+from orchestrator.service.run import retry_orphan
 from service_support import commit_slow_head, make_repo, write_config
 
 ORCHESTRATOR = Path(sys.executable).with_name("orchestrator")
@@ -124,9 +126,13 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         rec = db.get(conn, run_id)
         assert rec.state == "RUNNING" and rec.head.sha == slow
         assert "SIGTERM" in rec.interrupted.why
-        # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why.
-        assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s) == [run_id], 30)
-        lost = db.get(conn, run_id)
+        # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why, and
+        # queued again as a new attempt (the service's start passes this retry).
+        retry = partial(retry_orphan, config, service_queue.running(conn))
+        assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s, retry) == [run_id], 30)
+        lost, again = db.get(conn, run_id), service_queue.claim_next(conn, "boxa")
         assert lost.state == "LOST" and lost.error.startswith("interrupted: the service stopped (SIGTERM)")
+        assert lost.error.endswith(f"; requeued on box boxa as run {again.run_id} (attempt 2)")
+        assert (again.rev, again.retry_of) == (slow, run_id)
     finally:
         conn.close()

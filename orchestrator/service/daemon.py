@@ -7,7 +7,8 @@ each request with its own SQLite connection (WAL lets readers and the one writer
 Shutdown (SIGTERM or SIGINT): stop taking requests, stop every worker (a running job is cancelled on
 its box and recorded as interrupted, a job waiting for its box goes back in the queue), shut Ray down,
 exit 0. Start: requeue what a previous life claimed but never started, and reconcile interrupted and
-dead jobs (LOST once their heartbeat is past the deadline).
+dead jobs (LOST once their heartbeat is past the deadline, then queued again as a new attempt:
+`service_run.retry_orphan`).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from orchestrator import db, owed
@@ -29,7 +31,7 @@ from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve
 from orchestrator.driver.provenance import ProvenanceError, resolve
 from orchestrator.record import Record
 from orchestrator.service.schedule import Clock, Schedule, Scheduler, SystemClock
-from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, finish, run_queued
+from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, finish, retry_orphan, run_queued
 
 log = logging.getLogger("regate.service")
 
@@ -111,6 +113,7 @@ class Service:
         self.server: ApiServer | None = None
         self.workers: list[threading.Thread] = []
         self._handles_signals = self._reclaimed = False
+        self._retry = None  # set at start: retry_orphan over the jobs a previous life left running
         self.stop_reason = "shutdown"  # the signal's name once one stops us
 
     def start(self) -> str:
@@ -119,7 +122,11 @@ class Service:
         try:
             requeued = service_queue.release_unstarted(conn)
             service_queue.beat_queued(conn)
-            lost = service_queue.reconcile(conn, self.config.timeouts.stale_s)
+            # what a previous life was running: LOST once past the deadline (now, at a later sweep, or
+            # already by a CLI's sweep), then queued again
+            self._retry = partial(retry_orphan, self.config, service_queue.orphans(conn))
+            lost = service_queue.retry_swept(conn, self._retry)
+            lost += service_queue.reconcile(conn, self.config.timeouts.stale_s, self._retry)
             abandoned = schedule.reconcile_claimed(conn)
         finally:
             conn.close()
@@ -161,7 +168,7 @@ class Service:
             log.info("firing %s at %s: %s %s", f.schedule_id, f.scheduled_time, f.outcome, f.run_id or f.detail)
         if sweep:
             service_queue.beat_queued(conn)
-            service_queue.reconcile(conn, self.config.timeouts.stale_s)
+            service_queue.reconcile(conn, self.config.timeouts.stale_s, self._retry)
 
     def _boxes_of(self, target: str) -> tuple[str, ...]:
         """A schedule's box, or its pool's boxes (a pool schedule's `box` is the pool's label)."""

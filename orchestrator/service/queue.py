@@ -11,7 +11,8 @@ a finished one is never returned; an identical one (base and head sha, grid, arm
 or running is.
 
 Shutdown semantics: a job the box had started is left RUNNING and marked interrupted (never silently
-dropped); when its heartbeat is past the deadline the next reconcile makes it LOST and says why. A
+dropped); when its heartbeat is past the deadline the next reconcile makes it LOST and says why, and
+the service that reconciles queues it again (`service_run.retry_orphan`, `requeue` times at most). A
 job the box had not started is put back in the queue and runs after the restart.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from orchestrator import db
 from orchestrator.config import Config
@@ -48,13 +50,14 @@ CREATE TABLE IF NOT EXISTS service_jobs (
   base TEXT,  -- compare: the base sha
   arm TEXT,  -- compare: the spec's arm both revisions run
   pool TEXT,  -- a pool job: any box of this pool (`box` then holds the pool's label, `pool:NAME`)
-  attempt INTEGER NOT NULL DEFAULT 1,  -- a pool job requeued after its box died: 2, ...
-  retry_of TEXT  -- the LOST run this attempt runs again
+  attempt INTEGER NOT NULL DEFAULT 1,  -- a job requeued after its box or its service died: 2, ...
+  retry_of TEXT,  -- the LOST run this attempt runs again
+  settled_at TEXT  -- the service recorded how the run ended (its worker, or its reconcile of a dead one)
 );
 """
 # Columns an older queue lacks (gates only, then no pools); added at start.
 _ADDED = {"kind": "TEXT NOT NULL DEFAULT 'gate'", "base": "TEXT", "arm": "TEXT", "pool": "TEXT",
-          "attempt": "INTEGER NOT NULL DEFAULT 1", "retry_of": "TEXT"}
+          "attempt": "INTEGER NOT NULL DEFAULT 1", "retry_of": "TEXT", "settled_at": "TEXT"}
 _JOB_COLUMNS = "run_id, box, repo, rev, grid, source, kind, base, arm, pool, attempt, retry_of"
 _ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
 
@@ -87,6 +90,10 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         for column, decl in _ADDED.items():
             if column not in have:
                 conn.execute(f"ALTER TABLE service_jobs ADD COLUMN {column} {decl}")
+        if "settled_at" not in have:  # a queue from before the column: what had ended then is settled
+            conn.execute("UPDATE service_jobs SET settled_at = queued_at WHERE run_id IN"
+                         f" (SELECT run_id FROM runs WHERE state IN ({', '.join('?' * len(db.FINAL))}))",
+                         tuple(db.FINAL))
 
 
 def enqueue(conn: sqlite3.Connection, config: Config, repo: str | Path, rev: str, box: str | None,
@@ -146,7 +153,7 @@ def _insert(conn: sqlite3.Connection, record: Record, key: str, job: QueuedJob) 
 
 
 def insert_retry(conn: sqlite3.Connection, job: QueuedJob, record: Record) -> None:
-    """`record` (new, QUEUED) as the next attempt of `job`, whose box died under it: a row of its own
+    """`record` (new, QUEUED) as the next attempt of `job`, whose box or service died under it: a row of its own
     under the same identical-gate key, at the back of the queue (oldest first still holds)."""
     key = conn.execute("SELECT idem_key FROM runs WHERE run_id = ?", (job.run_id,)).fetchone()[0]
     again = QueuedJob(record.run_id, job.box, job.repo, job.rev, job.grid, f"requeue:{job.run_id}", job.kind,
@@ -213,24 +220,72 @@ def beat_queued(conn: sqlite3.Connection) -> None:
                      " (SELECT run_id FROM service_jobs WHERE started_at IS NULL)", (time.time(),))
 
 
-def reconcile(conn: sqlite3.Connection, stale_s: float) -> list[str]:
-    """Interrupted jobs past the heartbeat deadline -> LOST naming the interruption; then the
-    ledger's own sweep for any other head that died. Returns the run ids made LOST."""
+def reconcile(conn: sqlite3.Connection, stale_s: float,
+              retry: Callable[[sqlite3.Connection, QueuedJob, Record], str | None] | None = None) -> list[str]:
+    """Running service jobs past the heartbeat deadline -> LOST, naming the interruption (a stop) or
+    the silence (a service that died); then the ledger's own sweep for any other driver that died.
+    `retry(conn, job, record)` is called for each such job inside the transaction that makes it LOST
+    (so a crash leaves both or neither): what it returns, a retry's note, ends the LOST row's error.
+    Returns the run ids made LOST."""
     cutoff = time.time() - stale_s
+    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
     lost = []
     with db.transaction(conn):
         rows = conn.execute(
-            "SELECT r.run_id, r.record FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
-            " WHERE r.state = 'RUNNING' AND j.interrupted_at IS NOT NULL AND r.heartbeat < ?",
-            (cutoff,)).fetchall()
-        for run_id, blob in rows:
+            f"SELECT r.record, j.interrupted_at, {cols} FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
+            " WHERE r.state = 'RUNNING' AND r.heartbeat < ?", (cutoff,)).fetchall()
+        for blob, interrupted_at, *job in rows:
             rec = db.load(blob)
-            why = (rec.interrupted.why if rec.interrupted else None) or "the service stopped"
+            if interrupted_at is not None:
+                why = (rec.interrupted.why if rec.interrupted else None) or "the service stopped"
+                rec.error = f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, so the result is unknown"
+            else:
+                rec.error = f"no heartbeat from the driver for over {stale_s:.0f} s: the driver died mid-run"
+            note = retry(conn, QueuedJob(*job), rec) if retry is not None else None
+            rec.error += f"; {note}" if note else ""
             rec.state, rec.finished_at = "LOST", db.utc_now()
-            rec.error = f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, so the result is unknown"
             db.store(conn, rec)
-            lost.append(run_id)
+            mark_settled(conn, rec.run_id)
+            lost.append(rec.run_id)
     return lost + db.mark_stale_lost(conn, stale_s)
+
+
+_NO_RETRY = " AND NOT EXISTS (SELECT 1 FROM service_jobs k WHERE k.retry_of = j.run_id)"
+
+
+def orphans(conn: sqlite3.Connection) -> frozenset[str]:
+    """At start: the jobs a previous life of the service started and never settled: RUNNING still, or
+    made LOST meanwhile by the ledger's own sweep (`orchestrator runs`, a CLI gate), which retries
+    nothing. Only these are retried (`retry_swept` and `reconcile`'s `retry`): a job of this life is
+    settled by its own worker."""
+    rows = conn.execute("SELECT r.run_id FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
+                        " WHERE r.state IN ('RUNNING', 'LOST') AND j.started_at IS NOT NULL"
+                        " AND j.settled_at IS NULL" + _NO_RETRY).fetchall()
+    return frozenset(r[0] for r in rows)
+
+
+def retry_swept(conn: sqlite3.Connection, retry: Callable[[sqlite3.Connection, QueuedJob, Record], str | None]
+                ) -> list[str]:
+    """Unsettled jobs that the ledger's sweep already made LOST: `retry` each (its note ends the LOST
+    row's error), and settle it, one transaction per job. Returns their run ids."""
+    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
+    done = []
+    for row in conn.execute(f"SELECT r.record, {cols} FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
+                            " WHERE r.state = 'LOST' AND j.started_at IS NOT NULL AND j.settled_at IS NULL"
+                            + _NO_RETRY).fetchall():
+        rec, job = db.load(row[0]), QueuedJob(*row[1:])
+        with db.transaction(conn):
+            if note := retry(conn, job, rec):
+                rec.error = f"{rec.error}; {note}"
+                db.store(conn, rec)
+            mark_settled(conn, job.run_id)
+        done.append(job.run_id)
+    return done
+
+
+def mark_settled(conn: sqlite3.Connection, run_id: str) -> None:
+    with db.transaction(conn):
+        conn.execute("UPDATE service_jobs SET settled_at = ? WHERE run_id = ?", (db.utc_now(), run_id))
 
 
 def release_unstarted(conn: sqlite3.Connection) -> int:

@@ -11,7 +11,9 @@ of a result. A finished job is recorded exactly as the CLI records it (`gate.fin
 A pool job whose box died under it (LOST) is queued again, `config.requeue` times at most, as a new
 run of its own (one row per attempt: the LOST row stays, naming the run that tries again), before
 the LOST row is stored: a crash between the two leaves the retry queued and the old row to the
-stale-heartbeat sweep, never a job lost for good.
+stale-heartbeat sweep, never a job lost for good. So is a job, pinned or pooled, that a previous
+life of the service was running when it stopped or died (`retry_orphan`): the stale-heartbeat
+sweep makes it LOST and queues its retry in one transaction.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from orchestrator.record import Record
 from orchestrator.service import queue as service_queue
 from orchestrator.service.queue import QueuedJob
 
-__all__ = ["CANCEL_WAIT_S", "RayHandle", "finish", "run_queued"]
+__all__ = ["CANCEL_WAIT_S", "RayHandle", "finish", "retry_orphan", "run_queued"]
 
 
 class RayHandle:
@@ -88,21 +90,49 @@ def finish(config: Config, conn, record: Record, t0: float, sides=None) -> Recor
     """End a queued run as its kind's CLI does (state, report, owed sync in one transaction); a
     comparison's driver-side halves (`sides`) merged with what the box brought."""
     if record.kind == "compare":
-        return compare.finish_placed(config, conn, record, sides or record.compare, t0)
-    return gate.finish_run(config, conn, record, t0)
+        record = compare.finish_placed(config, conn, record, sides or record.compare, t0)
+    else:
+        record = gate.finish_run(config, conn, record, t0)
+    service_queue.mark_settled(conn, record.run_id)  # after: a crash between leaves a final row, not retried
+    return record
 
 
 def _requeue_lost(config: Config, conn, job: QueuedJob, arch, record: Record) -> None:
     """A pool job whose box died: queue its next attempt (another box of the pool will take it, the
-    dead one being gone from Ray), and say so in the LOST record."""
-    if job.pool is None or job.attempt > config.requeue:
-        return
+    dead one being gone from Ray), and say so in the LOST record. A job pinned to its box is not: the
+    same dead box would take it."""
+    if job.pool is not None and (note := _retry(config, conn, job, record, arch)):
+        record.error = f"{record.error}; {note}"
+
+
+def retry_orphan(config: Config, orphans: frozenset[str], conn, job: QueuedJob, record: Record) -> str | None:
+    """The retry (`service_queue.reconcile`, `retry_swept`) of a job a previous life of the service
+    was running when it stopped or died (`orphans`, read at start): the box did not fail it, so it
+    runs again, on its box or its pool, `config.requeue` times at most. The revisions are archived again; one that no longer
+    archives as queued is not retried, and the note says why."""
+    if job.run_id not in orphans:
+        return None  # this life's job: its own worker records how it ends
+    try:
+        return _retry(config, conn, job, record)
+    except Refused as e:
+        return f"not requeued: {e}"
+
+
+def _retry(config: Config, conn, job: QueuedJob, record: Record, arch=None) -> str | None:
+    """Queue `job`'s next attempt as a run of its own; its note for the LOST record, or None past
+    `config.requeue` attempts. `arch`: the archive(s) already made for this attempt, else made again."""
+    if job.attempt > config.requeue:
+        return None
+    if arch is None:
+        arch = _compare_pair(job, record) if job.kind == "compare" else \
+            _archive(job.repo, job.rev, record.provenance.md5_driver, "head")
     run_id = db.new_run_id(record.head.sha)
-    label = pool_label(job.pool)
+    label = pool_label(job.pool) if job.pool else job.box
     again = (compare.new_record(arch, label, job.grid, job.arm, run_id) if job.kind == "compare"
              else gate.new_record(arch, label, run_id))
     service_queue.insert_retry(conn, job, again)
-    record.error = f"{record.error}; requeued on pool {job.pool} as run {run_id} (attempt {job.attempt + 1})"
+    where = f"pool {job.pool}" if job.pool else f"box {job.box}"
+    return f"requeued on {where} as run {run_id} (attempt {job.attempt + 1})"
 
 
 def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[JobSpec, object]:
@@ -116,9 +146,13 @@ def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple
 
 
 def _compare_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[object, compare.Pair]:
-    pair = compare.Pair(_archive(job.repo, job.base, record.compare.base.md5_driver, "base"),
-                        _archive(job.repo, job.rev, record.compare.head.md5_driver, "head"))
+    pair = _compare_pair(job, record)
     return compare.box_spec(config, record.run_id, pair, box_cfg, job.grid, job.arm), pair
+
+
+def _compare_pair(job: QueuedJob, record: Record) -> compare.Pair:
+    return compare.Pair(_archive(job.repo, job.base, record.compare.base.md5_driver, "base"),
+                        _archive(job.repo, job.rev, record.compare.head.md5_driver, "head"))
 
 
 def _archive(repo: str, rev: str, md5: str | None, side: str):
