@@ -128,7 +128,7 @@ def test_sigterm_records_the_running_gate_as_interrupted(tmp_path):
         assert "SIGTERM" in rec.interrupted.why
         # The next start reconciles it: LOST once the heartbeat is past the deadline, saying why, and
         # queued again as a new attempt (the service's start passes this retry).
-        retry = partial(retry_orphan, config, service_queue.running(conn))
+        retry = partial(retry_orphan, config, service_queue.orphans(conn))
         assert wait_for(lambda: service_queue.reconcile(conn, config.timeouts.stale_s, retry) == [run_id], 30)
         lost, again = db.get(conn, run_id), service_queue.claim_next(conn, "boxa")
         assert lost.state == "LOST" and lost.error.startswith("interrupted: the service stopped (SIGTERM)")
