@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS service_jobs (
 _ADDED = {"kind": "TEXT NOT NULL DEFAULT 'gate'", "base": "TEXT", "arm": "TEXT", "pool": "TEXT",
           "attempt": "INTEGER NOT NULL DEFAULT 1", "retry_of": "TEXT", "settled_at": "TEXT"}
 _JOB_COLUMNS = "run_id, box, repo, rev, grid, source, kind, base, arm, pool, attempt, retry_of"
+_J_COLUMNS = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))  # a QueuedJob's, from service_jobs j
 _ENQUEUE = threading.Lock()  # the check-then-insert of one service is atomic; rows guard the rest
 
 
@@ -153,8 +154,8 @@ def _insert(conn: sqlite3.Connection, record: Record, key: str, job: QueuedJob) 
 
 
 def insert_retry(conn: sqlite3.Connection, job: QueuedJob, record: Record) -> None:
-    """`record` (new, QUEUED) as the next attempt of `job`, whose box or service died under it: a row of its own
-    under the same identical-gate key, at the back of the queue (oldest first still holds)."""
+    """`record` (new, QUEUED) as the next attempt of `job`, whose box or service died under it: a row of
+    its own under the same identical-gate key, at the back of the queue (oldest first still holds)."""
     key = conn.execute("SELECT idem_key FROM runs WHERE run_id = ?", (job.run_id,)).fetchone()[0]
     again = QueuedJob(record.run_id, job.box, job.repo, job.rev, job.grid, f"requeue:{job.run_id}", job.kind,
                       job.base, job.arm, job.pool, job.attempt + 1, job.run_id)
@@ -170,10 +171,9 @@ def _pending(conn: sqlite3.Connection, key: str) -> Record | None:
 def claim_next(conn: sqlite3.Connection, box: str, pool: str | None = None) -> QueuedJob | None:
     """The oldest unclaimed QUEUED job of `box` or of its `pool`, claimed for this worker (one claim
     wins). A pool job claimed here may run on another box of the pool: Ray places it."""
-    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
     with db.transaction(conn):
         row = conn.execute(
-            f"SELECT {cols} FROM service_jobs j JOIN runs r ON r.run_id = j.run_id"
+            f"SELECT {_J_COLUMNS} FROM service_jobs j JOIN runs r ON r.run_id = j.run_id"
             " WHERE (j.box = ? OR j.pool = ?) AND r.state = 'QUEUED'"
             " AND j.claimed_at IS NULL ORDER BY j.seq LIMIT 1", (box, pool)).fetchone()
         if row is None:
@@ -228,17 +228,18 @@ def reconcile(conn: sqlite3.Connection, stale_s: float,
     (so a crash leaves both or neither): what it returns, a retry's note, ends the LOST row's error.
     Returns the run ids made LOST."""
     cutoff = time.time() - stale_s
-    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
     lost = []
     with db.transaction(conn):
         rows = conn.execute(
-            f"SELECT r.record, j.interrupted_at, {cols} FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
-            " WHERE r.state = 'RUNNING' AND r.heartbeat < ?", (cutoff,)).fetchall()
+            f"SELECT r.record, j.interrupted_at, {_J_COLUMNS} FROM runs r"
+            " JOIN service_jobs j ON j.run_id = r.run_id WHERE r.state = 'RUNNING' AND r.heartbeat < ?",
+            (cutoff,)).fetchall()
         for blob, interrupted_at, *job in rows:
             rec = db.load(blob)
             if interrupted_at is not None:
                 why = (rec.interrupted.why if rec.interrupted else None) or "the service stopped"
-                rec.error = f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, so the result is unknown"
+                rec.error = (f"interrupted: {why}; no heartbeat for over {stale_s:.0f} s since, so the result"
+                             " is unknown")
             else:
                 rec.error = f"no heartbeat from the driver for over {stale_s:.0f} s: the driver died mid-run"
             note = retry(conn, QueuedJob(*job), rec) if retry is not None else None
@@ -268,9 +269,8 @@ def retry_swept(conn: sqlite3.Connection, retry: Callable[[sqlite3.Connection, Q
                 ) -> list[str]:
     """Unsettled jobs that the ledger's sweep already made LOST: `retry` each (its note ends the LOST
     row's error), and settle it, one transaction per job. Returns their run ids."""
-    cols = ", ".join(f"j.{c}" for c in _JOB_COLUMNS.split(", "))
     done = []
-    for row in conn.execute(f"SELECT r.record, {cols} FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
+    for row in conn.execute(f"SELECT r.record, {_J_COLUMNS} FROM runs r JOIN service_jobs j ON j.run_id = r.run_id"
                             " WHERE r.state = 'LOST' AND j.started_at IS NOT NULL AND j.settled_at IS NULL"
                             + _NO_RETRY).fetchall():
         rec, job = db.load(row[0]), QueuedJob(*row[1:])

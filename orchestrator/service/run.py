@@ -108,8 +108,8 @@ def _requeue_lost(config: Config, conn, job: QueuedJob, arch, record: Record) ->
 def retry_orphan(config: Config, orphans: frozenset[str], conn, job: QueuedJob, record: Record) -> str | None:
     """The retry (`service_queue.reconcile`, `retry_swept`) of a job a previous life of the service
     was running when it stopped or died (`orphans`, read at start): the box did not fail it, so it
-    runs again, on its box or its pool, `config.requeue` times at most. The revisions are archived again; one that no longer
-    archives as queued is not retried, and the note says why."""
+    runs again, on its box or its pool, `config.requeue` times at most. The revisions are archived
+    again; one that no longer archives as queued is not retried, and the note says why."""
     if job.run_id not in orphans:
         return None  # this life's job: its own worker records how it ends
     try:
