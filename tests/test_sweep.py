@@ -100,3 +100,12 @@ def test_read_floor_names_the_shapes_whose_m1_gemm_splits_k():
     assert got["gate_up"] == 1 and got["lm_head"] == 1
     assert got["down"] > 1 and got["attn_o_proj"] > 1 and got["gdn_out_proj"] > 1
     assert all(v >= 1 for v in got.values())
+
+
+def test_a_sweeps_fastest_row_per_batch():
+    from tools.tune.bench import fastest_by_batch
+
+    rows = [{"batch": 16, "us": 3.0, "k": "a"}, {"batch": 1, "us": 2.0, "k": "b"}, {"batch": 16, "us": 1.5, "k": "c"},
+            {"batch": 1, "us": 2.5, "k": "d"}]
+    got = fastest_by_batch(rows)
+    assert list(got) == [1, 16] and (got[1]["k"], got[16]["k"]) == ("b", "c")

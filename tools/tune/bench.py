@@ -71,6 +71,12 @@ def sweep_cli(module: str, doc: str, argv, options: dict, line, header: str):
     return a, lambda r: print(line(r), flush=True)
 
 
+def fastest_by_batch(rows: list[dict]) -> dict[int, dict]:
+    """A sweep's fastest row (least "us") of each batch, by batch in ascending order."""
+    return {b: min((r for r in rows if r["batch"] == b), key=lambda r: r["us"])
+            for b in sorted({r["batch"] for r in rows})}
+
+
 def read_bandwidth_gbps(n_bytes: int = 4 * 2**30) -> float:
     """Bytes read per second by a sum over a buffer far larger than L2."""
     buf = torch.ones(n_bytes // 4, dtype=torch.float32, device="cuda")

@@ -4,9 +4,9 @@
 kernels/gdn_prefill.delta_prefill at the 27b Gated DeltaNet shape (16 key heads, 48 value heads, head
 dim 128) for prompts of --tokens tokens, for every (state columns a program, warps) pair it launches,
 each checked against the engine's launch (gdn_prefill.BLOCK_V, WARPS: outputs within 1 BF16 ulp,
-states within FP32 reordering) before it is timed as CUDA-graph replays (the engine replays its prefills) with the state slots rotated past L2. Why: a
-program walks its prompt token by token, so at batch 1 the 27b shape has 48 x (128 / BLOCK_V)
-programs, each ~128 dependent steps; on the H200 it took
+states within FP32 reordering) before it is timed as CUDA-graph replays (the engine replays its
+prefills) with the state slots rotated past L2. Why: a program walks its prompt token by token, so at
+batch 1 the 27b shape has 48 x (128 / BLOCK_V) programs, each ~128 dependent steps; on the H200 it took
 110.7 us a layer at batch 1 and 828.8 at batch 16 (128 tokens; tools/tune/field_compare.py,
 docs/BENCHMARKS.md), ~5 ms of a 64-layer batch-1 prefill. The same recurrence in 16-token chunks (the
 UT-transform form, an option until 2026-12-07) made a 64-layer prefill 2.6x slower on the H100 and
@@ -20,7 +20,7 @@ import json
 import torch
 
 from kernels import gdn_prefill
-from tools.tune.bench import copies_for, environment, sweep_cli
+from tools.tune.bench import copies_for, environment, fastest_by_batch, sweep_cli
 from tools.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
 
 BLOCKS = (8, 16, 32, 64, 128)
@@ -80,8 +80,7 @@ def main(argv=None) -> None:
                         _line, f"{'batch':>5} {'tokens':>6} {'block_v':>7} {'warps':>5} {'us':>9} {'ulps':>6}")
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, a.tokens, show)]
     if show:
-        for bsz in sorted({r["batch"] for r in rows}):
-            best = min((r for r in rows if r["batch"] == bsz), key=lambda r: r["us"])
+        for bsz, best in fastest_by_batch(rows).items():
             print(f"batch {bsz}: fastest: {_line(best).strip()}")
     print(json.dumps({"delta_prefill_sweep": rows, **environment()}))
 

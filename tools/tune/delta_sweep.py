@@ -16,7 +16,7 @@ import json
 import torch
 
 from kernels import gdn_decode
-from tools.tune.bench import copies_for, environment, read_bandwidth_gbps, sweep_cli
+from tools.tune.bench import copies_for, environment, fastest_by_batch, read_bandwidth_gbps, sweep_cli
 from tools.tune.field_compare import DK, DV, EPS, HK, HV, inputs, rotated, states
 
 SPLITS = (1, 2, 4, 8, 16)
@@ -80,8 +80,7 @@ def main(argv=None) -> None:
     gbps = read_bandwidth_gbps()
     rows = [r for bsz in map(int, a.batches.split(",")) for r in sweep(bsz, gbps, show)]
     if show:
-        for bsz in sorted({r['batch'] for r in rows}):
-            best = min((r for r in rows if r["batch"] == bsz), key=lambda r: r["us"])
+        for bsz, best in fastest_by_batch(rows).items():
             print(f"batch {bsz}: fastest nv={best['nv']} warps={best['warps']} {best['us']:.2f} us")
     print(json.dumps({"delta_sweep": rows, "read_gb_s": gbps, **environment()}))
 
