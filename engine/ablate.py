@@ -94,15 +94,14 @@ _STUBS = {
 }
 
 
-def _stub(fn, mode: str, policy):
-    """fn's result without its kernel; with `empty`, after one launch that does nothing (PDL as `policy`,
-    the engine's KernelPolicy, says)."""
+def _stub(fn, mode: str):
+    """fn's result without its kernel; with `empty`, after one launch that does nothing (with PDL on CUDA)."""
     def call(*a, **kw):
         on, result = fn(*a, **kw)
         if mode == "empty":
             from kernels.plain_read import empty_launch  # Triton: imported where it is used
 
-            empty_launch(on.device, policy)
+            empty_launch(on.device)
         return result
     return call
 
@@ -118,7 +117,7 @@ def fused(ns: SimpleNamespace | None, ablation: dict[str, str]) -> SimpleNamespa
     out = SimpleNamespace(**vars(ns))
     for p in parts:
         for name, fn in _STUBS[p].items():
-            setattr(out, name, _stub(fn, ablation[p], ns.policy))
+            setattr(out, name, _stub(fn, ablation[p]))
     return out
 
 

@@ -110,9 +110,12 @@ class Engine:
                                  f"found {'an empty prompt' if not p else bad[:5]}")
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stats: dict | None = None) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stats: dict | None = None, *,
+                 ahead: bool = True) -> list[list[int]]:
         """Greedy continuations, one list of `max_new_tokens` ids per prompt, in prompt order.
-        `stats`, when given, receives prefill/decode seconds and step counts (device-synchronized)."""
+        `stats`, when given, receives prefill/decode seconds and step counts (device-synchronized).
+        `ahead=False` reads each decode step back before the next is scheduled: the reference twin of
+        decoding ahead (below), for tests; the engine never runs it."""
         self._check_prompts(prompts)
         runner = self.runner()
         scheduler = Scheduler(runner.bm, self.max_num_seqs, self.max_num_batched_tokens)
@@ -124,10 +127,10 @@ class Engine:
             scheduler.add(s)
         topk: dict[int, list[TopK]] = {s.seq_id: [] for s in seqs}
         timing = {"prefill_s": 0.0, "decode_s": 0.0, "prefill_steps": 0, "decode_steps": 0, "decode_tokens": 0}
-        # Decode one step ahead of the reads (the option decode_ahead, on by default): the host schedules
-        # and launches step n + 1 before it waits for step n's tokens, so its own work overlaps the
-        # device's; off: each step is read back before the next is scheduled.
-        ahead = self.options.decode_ahead
+        # Decode one step ahead of the reads: the host schedules and launches step n + 1 before it waits
+        # for step n's tokens, so its own work overlaps the device's. Reading each step back first (the
+        # option decode_ahead=0 until 2026-12-07) made a 64-layer 27b step 1.026x slower at batch 1
+        # (grid, direction established, H200; docs/lab/2026-12-07-h200-d-session.md).
         inflight: _Launched | None = None  # a decode step launched and not read back yet
         t_decode = None  # start of the current run of decode steps (timed as one, they overlap the host)
         decode_run = ExitStack()  # its scopes.DECODE range, recorded only while attribution is on

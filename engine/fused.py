@@ -35,8 +35,9 @@ from engine.options import DEFAULT, EngineOptions
 # instead of torch's topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary).
 # The same values and ids bit for bit (tests/test_sample.py). On the H200 (64-layer 27b, 3 legs):
 # 6.454 -> 6.368 ms/step at batch 1, 8.730 -> 8.638 at batch 16, both binding
-# (docs/lab/2026-12-04-prefill-graphs.md); so on by default on CUDA since 96fe6ec (session 28), and
-# every GPU gate since has passed with it on.
+# (docs/lab/2026-12-04-prefill-graphs.md); so on by default on CUDA since 96fe6ec (session 28) and the
+# only CUDA pick since 2026-12-07 (the option fused_sample=0 deleted: measured slower means removed).
+# torch's pick stays the CPU backend's and the kernel's twin (a test sets runner.sample_kernel = None).
 
 
 def fused_kernels(device: torch.device, options: EngineOptions = DEFAULT) -> SimpleNamespace | None:
@@ -53,21 +54,19 @@ def fused_kernels(device: torch.device, options: EngineOptions = DEFAULT) -> Sim
                paged_prefill_gated=paged_prefill.paged_prefill_gated, rms_norm=decode_norm.rms_norm,
                add_rms_norm=decode_norm.add_rms_norm, silu_mul=decode_norm.silu_mul)
     bound = {name: bind_policy(fn, options) for name, fn in fns.items()}
-    return SimpleNamespace(prefill=options.fused_prefill, split_sum_in_norm=options.split_sum_in_norm,
-                           policy=options.kernels, **bound)
+    return SimpleNamespace(prefill=options.fused_prefill, split_sum_in_norm=options.split_sum_in_norm, **bound)
 
 
 def bind_policy(fn, options: EngineOptions):
-    """`fn` with the engine's kernel policy, where it takes one (gated_rms_norm and conv_prefill launch
-    without PDL and read no policy)."""
+    """`fn` with the engine's kernel policy, where it takes one (delta_step: delta_target)."""
     return partial(fn, policy=options.kernels) if "policy" in inspect.signature(fn).parameters else fn
 
 
-def fused_sample(device: torch.device, options: EngineOptions = DEFAULT):
-    """kernels.sample.greedy_topk (bound to the kernel policy) where the decode step's pick runs on it
-    (CUDA unless the option fused_sample=0), else None (torch's topk and argmax, the reference)."""
-    if device.type != "cuda" or not options.fused_sample:
+def fused_sample(device: torch.device):
+    """kernels.sample.greedy_topk where the decode step's pick runs on it
+    (CUDA), else None (torch's topk and argmax, the reference)."""
+    if device.type != "cuda":
         return None
     from kernels.sample import greedy_topk
 
-    return partial(greedy_topk, policy=options.kernels)
+    return greedy_topk

@@ -48,13 +48,13 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5Model, bm: BlockManager, kv: KvCache, state: StateCache, device,
                  max_num_seqs: int, max_model_len: int, cuda_graphs: bool, top_k: int = 5,
                  options: EngineOptions = DEFAULT):
-        """`options`: the engine's (engine/options.py): the pick's kernel, prefill graphs and buckets."""
+        """`options`: the engine's (engine/options.py): prefill graphs and buckets."""
         self.model, self.bm, self.kv, self.state, self.device = model, bm, kv, state, device
         self.max_num_seqs = max_num_seqs
         self.max_blocks = blocks_for(max_model_len, bm.block_size)
         self.top_k = min(top_k, model.config.vocab_size)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.sample_kernel = fused_sample(device, options)  # None: torch's topk and argmax pick
+        self.sample_kernel = fused_sample(device)  # None: torch's topk and argmax pick
         self._static = self._static_buffers()
         self._table_rows: list[tuple[int, ...] | None] = [None] * max_num_seqs  # each row's block ids on the device
         self._last_rows: dict[int, int] = {}  # seq_id -> row in the last launched decode step

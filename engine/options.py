@@ -6,7 +6,7 @@ Engine takes one frozen EngineOptions and passes it down (model build, runner, k
 reads them from the environment (tests/test_no_env_switches.py). The defaults are the engine as it
 ran before: a default EngineOptions is bit for bit today's engine.
 
-    EngineOptions.parse(["fused_sample=0", "split_waves=4"])  # the CLI's --option KEY=VALUE
+    EngineOptions.parse(["merge_projections=0", "split_waves=4"])  # the CLI's --option KEY=VALUE
     opts.to_json()  # flat, sorted: the bench line's "options"
     opts.changed()  # only the fields that differ from the defaults
     opts.digest()   # sha256 of the canonical JSON
@@ -29,11 +29,9 @@ class EngineOptions:
     fused_decode: bool = True  # CUDA's fused decode kernels (engine/fused.py); False: the torch path
     fused_prefill: bool = True  # ... and the fused prefill kernels
     split_sum_in_norm: bool = True  # a split-K GEMM's partials summed by the residual add + RMSNorm
-    fused_sample: bool = True  # the decode step's pick on kernels/sample.py (CUDA)
     merge_projections: bool = True  # one GEMM for the projections of one input (engine/projections.py)
     fp4_gemm: bool = True  # the backend's packed fp4 GEMM where it has one (engine/backends.py)
     nvfp4_w4a4: bool = False  # W4A4: activations quantized to FP4 too, where input scales exist
-    decode_ahead: bool = True  # launch decode step n + 1 before reading step n (engine/engine.py)
     prefill_graphs: int = 8  # prefill shapes that may hold a CUDA graph (0: none; engine/prefill_graphs.py)
     prefill_bucket: int = 0  # pad a prefill's tokens up to a multiple of this (0: no padding)
     prefill_warm: tuple[int, ...] = ()  # prompt lengths whose batch-1 bucket is captured up front

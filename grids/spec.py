@@ -17,7 +17,7 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
       packed: {lm_head: packed}
       dequant: {lm_head: dequant, extra_args: []}
       # an arm may set engine options (engine/options.py): each leg's bench gets --option KEY=VALUE
-      #   no_pdl: {lm_head: packed, options: {pdl: 0}}
+      #   unmerged: {lm_head: packed, options: {merge_projections: 0}}
     cells:
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_round import round_to as _round
 
 
@@ -66,8 +65,7 @@ def attention_prep_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
 
 def attention_prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_weight: torch.Tensor,
                    k_norm_weight: torch.Tensor, q_eps: float, k_eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                   slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
-                   policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+                   slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
     """q [B, H, D], k and v [B, Hkv, D] (any strides but the last); cos, sin [B, rotary_dim];
     slot_mapping [B]; caches [num_blocks, block_size, Hkv, D] (k and v written in place at each row's
     slot) -> the normed, rotated queries [B, H, D]."""
@@ -83,5 +81,5 @@ def attention_prep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm_wei
     attention_prep_kernel[(bsz, h + hkv)](
         q, k, v, q_norm_weight, k_norm_weight, cos, sin, slot_mapping, out, k_cache, v_cache, q_eps, k_eps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), out.stride(0),
-        k_cache.stride(1), k_cache.stride(2), H=h, D=d, RD=rd, num_warps=2, **pdl.launch_options(q.device, policy))
+        k_cache.stride(1), k_cache.stride(2), H=h, D=d, RD=rd, num_warps=2, **pdl.launch_options(q.device))
     return out

@@ -15,7 +15,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_round import round_to
 
 
@@ -70,12 +69,12 @@ def _block(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(1 + w) RMSNorm of each row of x [T, N]."""
     out = torch.empty_like(x)
     add_rms_norm_kernel[(x.shape[0],)](x, x, weight, x, out, x.shape[1], eps, x.stride(0), 0, 0, out.stride(0),
                                        0, 1.0, HAS_D=False, SPLITS=0, BLOCK=_block(x.shape[1]), num_warps=8,
-                                       **pdl.launch_options(x.device, policy))
+                                       **pdl.launch_options(x.device))
     return out
 
 
@@ -84,7 +83,7 @@ NORM_WARPS = 8
 WARPS = (1, 2, 4, 8, 16, 32)
 
 
-def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float, num_warps: int = NORM_WARPS, policy: KernelPolicy = DEFAULT):
+def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float, num_warps: int = NORM_WARPS):
     """(h + d, RMSNorm(h + d)) for rows of [T, N]: the new residual and its normed copy. d: a tensor
     [T, N], or a kernels.tile_gemm.SplitSum of that shape (summed here; its partials are BF16-rounded
     to a d equal to what the GEMM's reduce kernel writes). `num_warps`: of the row's one program."""
@@ -101,14 +100,14 @@ def add_rms_norm(h: torch.Tensor, d, weight: torch.Tensor, eps: float, num_warps
     rows, n = h.shape
     add_rms_norm_kernel[(rows,)](h, d_ptr, weight, res, out, n, eps, h.stride(0), s_d, res.stride(0),
                                  out.stride(0), s_split, scale, HAS_D=True, SPLITS=splits, BLOCK=_block(n),
-                                 num_warps=num_warps, **pdl.launch_options(h.device, policy))
+                                 num_warps=num_warps, **pdl.launch_options(h.device))
     return res, out
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(gate)
     block = 1024
     silu_mul_kernel[(gate.shape[0], triton.cdiv(gate.shape[1], block))](
         gate, up, out, gate.shape[1], gate.stride(0), up.stride(0), out.stride(0), BLOCK=block,
-        **pdl.launch_options(gate.device, policy))
+        **pdl.launch_options(gate.device))
     return out

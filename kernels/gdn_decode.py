@@ -109,8 +109,7 @@ def _gated_norm_out(o, vv, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV
     tl.store(out_ptr + b * s_out + hv * DV + vv, _round(h * z * tl.sigmoid(z), dt).to(dt))
 
 
-def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor, *,
-              policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """qkv [B, C]; conv_cache [S, C, K-1] (shifted in place at `slots`); weight [C, K] -> [B, C]."""
     bsz, c = qkv.shape
     kern = weight.shape[1]
@@ -118,7 +117,7 @@ def conv_step(qkv: torch.Tensor, conv_cache: torch.Tensor, slots: torch.Tensor, 
     block = 1024
     conv_step_kernel[(bsz, triton.cdiv(c, block))](qkv, conv_cache, slots, weight, mixed, c, qkv.stride(0),
                                                    conv_cache.stride(0), mixed.stride(0), KERN=kern, BLOCK=block,
-                                                   **pdl.launch_options(qkv.device, policy))
+                                                   **pdl.launch_options(qkv.device))
     return mixed
 
 
@@ -175,7 +174,7 @@ def delta_step(mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, *,
         mixed, z, b, a, rec_cache, slots, A_log, dt_bias, norm_weight, out, o_buf, counters,
         num_k_heads * head_k_dim, eps, head_k_dim**0.5, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0),
         rec_cache.stride(0), out.stride(0), REP=hv // num_k_heads, DK=head_k_dim, DV=head_v_dim, NV=nv,
-        num_warps=num_warps, **pdl.launch_options(mixed.device, policy))
+        num_warps=num_warps, **pdl.launch_options(mixed.device))
     return out
 
 

@@ -97,16 +97,16 @@ def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None, policy: K
         y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate,
                                 policy=policy)
     elif ablate is not None:  # the checkpoint layout's bytes, as tile_gemm's ablation reads an operand's
-        y = _ablated_triton(x2, w, ablate, policy)
+        y = _ablated_triton(x2, w, ablate)
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
 
 
-def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str, policy: KernelPolicy) -> torch.Tensor:
+def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str) -> torch.Tensor:
     from kernels.tile_gemm import ablated_launch
 
-    ablated_launch(mode, w.packed, w.block_scale, w.name, policy=policy)
+    ablated_launch(mode, w.packed, w.block_scale, w.name)
     return torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16, device=x.device)
 
 

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 from kernels.triton_round import round_to as _round
 
 
@@ -90,7 +89,7 @@ TILE, WARPS = 64, 4
 
 def paged_decode_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                        context_lens: torch.Tensor, gate: torch.Tensor, scale: float, *, tile: int = TILE,
-                       num_warps: int = WARPS, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+                       num_warps: int = WARPS) -> torch.Tensor:
     """q [B, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [B, M]; context_lens [B];
     gate [B, H, D] (before its sigmoid; any strides but the last) -> attention(q) * sigmoid(gate), [B, H * D].
     `tile`: keys a step (a power of two >= 16); `num_warps`: a program's."""
@@ -106,5 +105,5 @@ def paged_decode_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         q, k_cache, v_cache, block_tables, context_lens, gate, out, scale, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), gate.stride(0),
         gate.stride(1), out.stride(0), G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BS=bs, TILE=tile,
-        IEEE=q.device.type == "cpu", num_warps=num_warps, **pdl.launch_options(q.device, policy))  # on the CPU only under Triton's interpreter
+        IEEE=q.device.type == "cpu", num_warps=num_warps, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
     return out

@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 from kernels.paged_attention import kv_step
 from kernels.triton_round import round_to as _round
 
@@ -74,7 +73,7 @@ def paged_prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, pos_ptr, gate_ptr,
 
 def paged_prefill_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                         cu_seqlens: torch.Tensor, positions: torch.Tensor, gate: torch.Tensor, scale: float,
-                        max_len: int, *, block_m: int = BM, block_n: int = BN, num_warps: int = WARPS, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+                        max_len: int, *, block_m: int = BM, block_n: int = BN, num_warps: int = WARPS) -> torch.Tensor:
     """q [T, H, D] (the prompts back to back, by cu_seqlens [B+1]); caches [num_blocks, block_size, Hkv, D]
     holding every key up to each query's position (`positions` [T]); block_tables [B, M]; gate [T, H, D]
     (before its sigmoid; any strides but the last); `max_len`: no prompt is longer (the grid's bound)
@@ -101,5 +100,5 @@ def paged_prefill_gated(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q, k_cache, v_cache, block_tables, cu_seqlens, positions, gate, out, scale, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), gate.stride(0),
         gate.stride(1), out.stride(0), G=h // hkv, D=d, BS=bs, BM=block_m, BN=block_n, IEEE=q.device.type == "cpu",
-        num_warps=num_warps, **pdl.launch_options(q.device, policy))  # on the CPU only under Triton's interpreter
+        num_warps=num_warps, **pdl.launch_options(q.device))  # on the CPU only under Triton's interpreter
     return out

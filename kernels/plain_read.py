@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 
 BLOCK, LOADS, WARPS = 1024, 4, 8
 
@@ -64,9 +63,9 @@ def empty_kernel(out_ptr, PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
 
 
-def empty_launch(device: torch.device, policy: KernelPolicy = DEFAULT) -> None:
+def empty_launch(device: torch.device) -> None:
     """One program of `empty_kernel`, PDL where it is on: what a decode kernel costs besides its work."""
-    empty_kernel[(1,)](_sink(device), num_warps=1, **pdl.launch_options(device, policy))
+    empty_kernel[(1,)](_sink(device), num_warps=1, **pdl.launch_options(device))
 
 
 _sinks: dict[torch.device, torch.Tensor] = {}
@@ -96,7 +95,7 @@ def read(x: torch.Tensor, block: int = BLOCK, loads: int = LOADS, warps: int = W
     return out
 
 
-def read_pair(a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+def read_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Both tensors' bytes read once in one launch, as a kernel of the decode step (PDL where it is on):
     the XOR per program, a's programs first."""
     wa, wb = words(a), words(b)
@@ -104,7 +103,7 @@ def read_pair(a: torch.Tensor, b: torch.Tensor, policy: KernelPolicy = DEFAULT) 
     pa, pb = triton.cdiv(wa.numel(), span), triton.cdiv(wb.numel(), span)
     out = torch.empty(pa + pb, dtype=torch.int32, device=wa.device)
     read_pair_kernel[(pa + pb,)](wa, wa.numel(), wb, wb.numel(), out, pa, BLOCK=BLOCK, LOADS=LOADS, num_warps=WARPS,
-                                 **pdl.launch_options(wa.device, policy))
+                                 **pdl.launch_options(wa.device))
     return out
 
 

@@ -5,7 +5,7 @@ They were REGATE_* environment variables read at import or per call; now the eng
 (engine/fused.py, engine/backends.py). A kernel called without one runs the defaults below, which
 are what the engine runs. It lives in kernels/ so no kernel imports the engine's options.
 
-Each field's why sits where it is read: kernels/pdl.py, kernels/table.py (tile_by_shape,
+Each field's why sits where it is read: kernels/table.py (tile_by_shape,
 dequant_min_m), kernels/tile_gemm.py (split_waves), kernels/gdn_decode.py (delta_target),
 kernels/nvfp4_gemm.py (tile_gemm).
 """
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KernelPolicy:
-    pdl: bool = True  # the Triton decode kernels launch with programmatic dependent launch
     tile_gemm: bool = True  # the CUDA tile GEMM where it builds; False: the Triton GEMM only
     tile_by_shape: bool = True  # table.TILE_BY_SHAPE's rows ahead of TILE's
     dequant_min_m: int | None = None  # None: table.DEQUANT_BY_SHAPE; 0: never; M: from M rows, every shape

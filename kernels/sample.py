@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels.policy import DEFAULT, KernelPolicy
 
 BLOCK = 4096  # logits a chunk program holds: 32 a thread at 4 warps
 NO_ID = 2**31 - 1
@@ -83,8 +82,7 @@ def merge_topk_kernel(x_ptr, cand_ptr, out_ptr, prev_ptr, n, s_x, s_out, C, K: t
         alive = alive & (ids != at)
 
 
-def greedy_topk(logits: torch.Tensor, k: int, sampled: torch.Tensor, prev_ids: torch.Tensor, *,
-                policy: KernelPolicy = DEFAULT) -> None:
+def greedy_topk(logits: torch.Tensor, k: int, sampled: torch.Tensor, prev_ids: torch.Tensor) -> None:
     """logits [rows, V] (FP32 or BF16, unit stride along V) -> sampled[:, 0] the greedy id,
     sampled[:, 1:1+k] the k largest logits, sampled[:, 1+k:1+2k] their ids (FP64 [rows, >= 1+2k]);
     prev_ids[:rows] (int64) the greedy id too. What `logits.topk(k)` and `logits.argmax()` give."""
@@ -103,7 +101,7 @@ def greedy_topk(logits: torch.Tensor, k: int, sampled: torch.Tensor, prev_ids: t
     kp = triton.next_power_of_2(k)
     chunks = triton.cdiv(v, BLOCK)
     cand = torch.empty(rows, chunks, kp, dtype=torch.int32, device=logits.device)
-    opts = pdl.launch_options(logits.device, policy)
+    opts = pdl.launch_options(logits.device)
     chunk_topk_kernel[(rows, chunks)](logits, cand, v, logits.stride(0), K=k, KP=kp, BLOCK=BLOCK, NO=NO_ID,
                                       num_warps=4, **opts)
     merge_topk_kernel[(rows,)](logits, cand, sampled, prev_ids, v, logits.stride(0), sampled.stride(0), chunks * kp,

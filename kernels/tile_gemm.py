@@ -49,7 +49,10 @@ SPLIT_MAX = 32
 # Only there: a graph is captured after the weights are loaded and no kernel in it writes them, while
 # an eager call may directly follow the load-time kernel that wrote them (a read before the wait could
 # see old bytes). No early group made a 64-layer step 0.5% slower at batch 1 (grids/options-64.yaml,
-# H100, 2026-12-07), two groups 2.3% (2026-12-04): the count was an option until 2026-12-07.
+# H100, 2026-12-07), two groups 2.3% (2026-12-04): the count was an option until 2026-12-07. The kernel
+# keeps its runtime count (0-2; we pass 0 or 1): a compile-time flag in its place (beedd57) made the
+# M=1 gate_up/down kernel spill and a 64-layer step about 2% slower (H200, 2026-12-07, compare d7dde95
+# -> ab3f7d5: base 167.88 167.83, head 164.47 165.01 tok/s; docs/lab/2026-12-07-h200-d-session.md).
 # K groups kept requested into L2 ahead of the M <= 8 loop (gemm_prefetch_ahead, an option until
 # 2026-12-07) made a 64-layer step 18.5% slower at batch 1 on the H100 and were deleted
 # (grids/options-64.yaml; docs/lab/2026-12-07-h100-b-session.md).
@@ -96,10 +99,10 @@ def wgmma_order(x: torch.Tensor) -> torch.Tensor:
     return x.view(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
 
 
-def early_weights() -> bool:
-    """Whether the mma.sync kernel loads its first weight group before the PDL wait: only while a CUDA
-    graph is being captured on the current stream (see its comment above)."""
-    return torch.cuda.is_current_stream_capturing()
+def early_groups() -> int:
+    """The mma.sync kernel's weight groups loaded before the PDL wait: one while a CUDA graph is being
+    captured on the current stream, else none (see its comment above)."""
+    return 1 if torch.cuda.is_current_stream_capturing() else 0
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     if config is None and table.dequant_from(m, op.n, k, policy):  # prefill-sized M: dequantize + cuBLAS
         if ablate is not None:
-            return _ablated(op, ablate, y, policy=policy)
+            return _ablated(op, ablate, y)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
         dequant_gemm(x, op, global_scale, row_scale, y)
@@ -161,14 +164,14 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
     if ablate is not None:  # a split launch not left to its consumer is two launches: the GEMM, its reduce
         launches = 2 if splits > 1 and not defer else 1
-        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches, policy)
+        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches)
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps, row_scale, defer)
     else:
         extension().tile_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.m_tiles, cfg.rows_per_warp,
                                   cfg.warps, cfg.min_ctas, bool(cfg.x_shared), gps, row_scale, defer,
-                                  early_weights())
+                                  early_groups())
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
@@ -177,26 +180,25 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
 ABLATE_MODES = ("free", "empty", "read")
 
 
-def _ablated(op: TileOperand, mode: str, result, launches: int = 1, policy: KernelPolicy = DEFAULT):
+def _ablated(op: TileOperand, mode: str, result, launches: int = 1):
     """`result` as the GEMM would return it, unwritten: after no launch ("free"), a launch that does
     nothing in each of its `launches` places ("empty"), or one plain read of the operand's words and
     scale codes ("read"; its N % 16 tail rows, which no decode shape of the 27B has, are not read)."""
-    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches, policy)
+    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches)
     return result
 
 
-def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1,
-                   policy: KernelPolicy = DEFAULT) -> None:
+def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1) -> None:
     """What an ablated GEMM launches in its place (engine/ablate.py's modes) over its operand's bytes."""
     if mode not in ABLATE_MODES:
         raise ValueError(f"{what}: ablate={mode!r}, expected one of {ABLATE_MODES}")
     from kernels import plain_read  # Triton: imported where it is used
 
     if mode == "read":
-        plain_read.read_pair(words, codes, policy)
+        plain_read.read_pair(words, codes)
     elif mode == "empty":
         for _ in range(launches):
-            plain_read.empty_launch(words.device, policy)
+            plain_read.empty_launch(words.device)
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

@@ -44,12 +44,12 @@
 #            (--option merge_projections values, default "0 1") interleaved
 #   ab       engine options decided by `orchestrator grid` on the clone: $AB_TESTS (default tests/test_fused_decode.py;
 #            none: no tests) on the GPU, then for each variant of $AB_VARIANTS after the first (space-separated; a
-#            variant is comma-separated KEY=value engine options, e.g. "pdl=1 pdl=0") a two-arm grid, the first
+#            variant is comma-separated KEY=value engine options, e.g. "merge_projections=1 merge_projections=0") a two-arm grid, the first
 #            variant against it: packed lm_head, the 27b shape cut to $AB_LAYERS (default 64) layers, a cell per
 #            batch of $AB_BATCHES (default "1 16"), prompt 128, 64 tokens, $AB_LEGS legs (default 3), judged on
 #            $AB_METRIC (decode, the default, or prefill tok/s: grids/metric.py); each grid's JSON under $OUT/ab-<n>.json.
 #            A dry run on a CPU machine: NO_WHEELS=1 PY=$PWD/.venv/bin/python AB_BACKEND=cpu AB_PRESET=tiny AB_BATCHES=1
-#            AB_TESTS=none AB_VARIANTS="fused_sample=1 fused_sample=0" bash scripts/device_gate.sh bundle ab
+#            AB_TESTS=none AB_VARIANTS="merge_projections=1 merge_projections=0" bash scripts/device_gate.sh bundle ab
 #   ablate   the engine with parts removed (engine/ablate.py; timing only, so never a grid: a grid refuses an
 #            ablated bench): the ablation's GPU tests ($ABLATE_TESTS; none skips them), then `engine bench` of the
 #            real engine (ablate= empty) and of one variant ablate=<item> per item of $ABLATE (default "norm
@@ -347,7 +347,7 @@ stage_ab() {
   install_wheels && clone || return 1
   [ "${AB_TESTS:-}" = none ] || in_clone timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
     ${AB_TESTS:-tests/test_fused_decode.py} 2>&1 | tail -15
-  local n=0 rc=0 V first; set -- ${AB_VARIANTS:-pdl=1 pdl=0}; first=$1; shift
+  local n=0 rc=0 V first; set -- ${AB_VARIANTS:-merge_projections=1 merge_projections=0}; first=$1; shift
   for V in "$@"; do
     n=$((n + 1)); ab_spec "$first" "$V" > "$CLONE/.regate-ab-$n.yaml" || return 1
     echo "-- grid $n: $V against $first"

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from engine import ablate
 from engine.options import EngineOptions
-from kernels.policy import KernelPolicy
 from engine.backends import Fp4Gemm, register_fp4_gemm, unregister_fp4_gemm
 from engine.errors import AblationError
 from engine_oracle import tiny
@@ -49,7 +48,7 @@ def _recording_kernels(calls: list) -> SimpleNamespace:
         return lambda *a, **kw: calls.append(name) or name
     names = ("rms_norm", "add_rms_norm", "conv_step", "delta_step", "attention_prep",
              "paged_decode_gated", "silu_mul", "delta_prefill")
-    return SimpleNamespace(prefill=True, policy=KernelPolicy(), **{n: fn(n) for n in names})
+    return SimpleNamespace(prefill=True, **{n: fn(n) for n in names})
 
 
 def test_the_fused_kernels_of_an_ablated_part_launch_nothing_and_return_their_shapes():
@@ -77,14 +76,14 @@ def test_the_empty_mode_launches_one_empty_kernel_in_each_ones_place(monkeypatch
     from kernels import plain_read
 
     launched: list = []
-    monkeypatch.setattr(plain_read, "empty_launch", lambda device, policy: launched.append((device, policy)))
+    monkeypatch.setattr(plain_read, "empty_launch", lambda device: launched.append(device))
     calls: list = []
     out = ablate.fused(_recording_kernels(calls), ablate.parse("norm:empty+attention"))
     h = torch.randn(2, 8)
     assert out.rms_norm(h, None, 1e-6) is h and out.add_rms_norm(h, None, None, 1e-6) == (h, h)
     q = torch.randn(1, 2, 4)
     assert out.attention_prep(q) is q  # attention: free, no launch
-    assert launched == [(h.device, KernelPolicy())] * 2 and calls == []  # PDL as the engine's policy says
+    assert launched == [h.device] * 2 and calls == []
 
 
 def test_only_the_named_parts_are_replaced():

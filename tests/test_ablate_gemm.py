@@ -27,8 +27,8 @@ def reads(monkeypatch):
         raise AssertionError("an ablated GEMM launched its kernel")
     got: list[tuple[int, int]] = []
     monkeypatch.setattr(tile_gemm, "extension", no_extension)
-    monkeypatch.setattr(plain_read, "read_pair", lambda a, b, policy: got.append((a.data_ptr(), b.data_ptr())))
-    monkeypatch.setattr(plain_read, "empty_launch", lambda device, policy: got.append(("empty", device.type)))
+    monkeypatch.setattr(plain_read, "read_pair", lambda a, b: got.append((a.data_ptr(), b.data_ptr())))
+    monkeypatch.setattr(plain_read, "empty_launch", lambda device: got.append(("empty", device.type)))
     return got
 
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.options import EngineOptions
 from engine.model_runner import INPUTS
 from engine.paged.sequence import PENDING, Sequence
 from engine_oracle import tiny
@@ -110,16 +109,15 @@ def test_prefill_refuses_a_pending_token():
 
 @pytest.mark.parametrize("max_num_seqs, num_blocks", [(4, None), (2, 6)])  # (2, 6): preemption and readmission
 def test_decoding_ahead_equals_reading_every_step(monkeypatch, max_num_seqs, num_blocks):
-    """Same tokens, top-k and step counts with the option decode_ahead on and off, batch changes included:
+    """Same tokens, top-k and step counts decoding ahead and reading every step (generate's twin), batch changes included:
     sequences of different lengths finish at different steps, and a cache too small for all of them
     preempts one (its PENDING token is read before its recompute's prefill)."""
     prompts = [[5, 17, 400, 3], [42, 7, 7, 9, 1, 2, 3, 4, 5], [8], [300, 301]]
     runs = {}
-    for ahead in ("0", "1"):
-        eng = Engine(tiny(), block_size=4, max_num_seqs=max_num_seqs, max_model_len=32, num_blocks=num_blocks,
-                     options=EngineOptions.parse(f"decode_ahead={ahead}"))
+    for ahead in (False, True):
+        eng = Engine(tiny(), block_size=4, max_num_seqs=max_num_seqs, max_model_len=32, num_blocks=num_blocks)
         stats = {}
-        out = eng.generate(prompts, 9, stats=stats)
+        out = eng.generate(prompts, 9, stats=stats, ahead=ahead)
         runs[ahead] = (out, eng.last_topk, stats["decode_steps"], stats["prefill_steps"])
         assert all(PENDING not in c for c in out)
-    assert runs["0"] == runs["1"]
+    assert runs[False] == runs[True]

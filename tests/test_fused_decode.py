@@ -374,16 +374,16 @@ def test_fused_kernels_are_the_cuda_default_and_never_the_cpu_path():
     assert fused.fused_kernels(torch.device("cpu")) is None  # never on the CPU backend by itself
     on = fused.fused_kernels(torch.device("cuda"))  # picks functions only; nothing runs on a device here
     assert on is not None and on.delta_step.func is gdn_decode.delta_step
-    assert on.delta_step.keywords == {"policy": KernelPolicy()}  # each kernel bound to the engine's policy
-    assert on.paged_prefill_gated.func is paged_prefill.paged_prefill_gated
+    assert on.delta_step.keywords == {"policy": KernelPolicy()}  # bound to the engine's policy, which it reads
+    assert on.paged_prefill_gated is paged_prefill.paged_prefill_gated
     assert fused.fused_kernels(torch.device("cuda"), EngineOptions(fused_decode=False)) is None
-    no_pdl = EngineOptions().with_kernels(pdl=False)
-    assert fused.fused_kernels(torch.device("cuda"), no_pdl).rms_norm.keywords == {"policy": no_pdl.kernels}
+    other = EngineOptions().with_kernels(delta_target=256)
+    assert fused.fused_kernels(torch.device("cuda"), other).delta_step.keywords == {"policy": other.kernels}
+    assert fused.fused_kernels(torch.device("cuda")).rms_norm is decode_norm.rms_norm  # takes no policy
 
 
-def test_programmatic_dependent_launch_is_cuda_only_and_switchable():
+def test_programmatic_dependent_launch_is_cuda_only():
     from kernels import pdl
 
     assert pdl.launch_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
     assert pdl.launch_options(torch.device("cpu")) == {"PDL": False}  # the interpreter has no griddepcontrol
-    assert pdl.launch_options(torch.device("cuda"), KernelPolicy(pdl=False)) == {"PDL": False}

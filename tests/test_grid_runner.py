@@ -267,7 +267,7 @@ def test_bench_runners_that_do_not_cover_the_arms_are_refused(tmp_path, kw, word
 def _options_spec(options: dict):
     return parse_spec({
         "name": "opts", "backend": "cpu", "legs": 3, "warmup": 0, "iters": 2, "checkpoint": {"preset": "tiny"},
-        "arms": {"base": {"lm_head": "packed"}, "no_pdl": {"lm_head": "packed", "options": options}},
+        "arms": {"base": {"lm_head": "packed"}, "changed": {"lm_head": "packed", "options": options}},
         "cells": [{"batch": 1, "prompt_len": 4, "gen_len": 4}],
     }, "opts.yaml")
 
@@ -279,26 +279,26 @@ def test_a_leg_whose_bench_ran_other_options_is_refused_naming_the_field():
     from engine.options import EngineOptions
     from grids.runner import check_options
 
-    spec = _options_spec({"pdl": 0})
-    base, no_pdl = spec.arms
-    ran = EngineOptions().with_kernels(pdl=False).to_json()
-    check_options({"options": ran}, no_pdl, "w")  # as asked
-    with pytest.raises(GridError, match=r"w: the bench ran with option pdl=True, the arm sets '0'"):
-        check_options({"options": EngineOptions().to_json()}, no_pdl, "w")
-    head_default = {**ran, "fused_sample": False}  # a head whose default differs: its own engine, taken
-    check_options({"options": head_default}, no_pdl, "w")
-    with pytest.raises(GridError, match=r"other options than the arm's first leg \(fused_sample: False then True\)"):
-        check_options({"options": ran}, no_pdl, "w", first={"options": head_default})
+    spec = _options_spec({"tile_by_shape": 0})
+    base, changed = spec.arms
+    ran = EngineOptions().with_kernels(tile_by_shape=False).to_json()
+    check_options({"options": ran}, changed, "w")  # as asked
+    with pytest.raises(GridError, match=r"w: the bench ran with option tile_by_shape=True, the arm sets '0'"):
+        check_options({"options": EngineOptions().to_json()}, changed, "w")
+    head_default = {**ran, "merge_projections": False}  # a head whose default differs: its own engine, taken
+    check_options({"options": head_default}, changed, "w")
+    with pytest.raises(GridError, match=r"other options than the arm's first leg \(merge_projections: False then True\)"):
+        check_options({"options": ran}, changed, "w", first={"options": head_default})
     check_options({}, base, "w")  # a revision from before options
     check_options({}, base, "w", first={})
-    with pytest.raises(GridError, match=r"the bench reported no options, the arm sets \{'pdl': '0'\}"):
-        check_options({}, no_pdl, "w")
-    with pytest.raises(GridError, match=r"option pdl='\(unknown\)'"):  # a bench that does not know the option
-        check_options({"options": {"fused_sample": True}}, no_pdl, "w")
+    with pytest.raises(GridError, match=r"the bench reported no options, the arm sets \{'tile_by_shape': '0'\}"):
+        check_options({}, changed, "w")
+    with pytest.raises(GridError, match=r"option tile_by_shape='\(unknown\)'"):  # a bench that does not know the option
+        check_options({"options": {"merge_projections": True}}, changed, "w")
 
-    def bench(args, timeout_s):  # every leg reports the defaults: the no_pdl arm's option did not take
+    def bench(args, timeout_s):  # every leg reports the defaults: the changed arm's option did not take
         return json.dumps({"schema_version": 1, "decode_tok_s": 10.0, "options": EngineOptions().to_json()})
-    with pytest.raises(GridError, match=r"grid opts: cell 0 \(.*\), arm no_pdl, leg 1: the bench ran with option pdl"):
+    with pytest.raises(GridError, match=r"grid opts: cell 0 \(.*\), arm changed, leg 1: the bench ran with option tile_by_shape"):
         run_grid(spec, bench=bench, checkpoint=lambda **params: "/ck")
 
 
@@ -307,14 +307,14 @@ def test_an_arm_whose_second_leg_ran_other_options_is_refused():
     its first (as a tree whose defaults moved between legs would), and the grid stops naming the leg."""
     from engine.options import EngineOptions
 
-    spec = _options_spec({"pdl": 0})
+    spec = _options_spec({"tile_by_shape": 0})
     calls = {"base": 0}
 
     def bench(args, timeout_s):
-        opts = EngineOptions().with_kernels(pdl="pdl=0" not in args)
-        if "pdl=0" not in args:
+        opts = EngineOptions().with_kernels(tile_by_shape="tile_by_shape=0" not in args)
+        if "tile_by_shape=0" not in args:
             calls["base"] += 1
-            opts = opts if calls["base"] == 1 else EngineOptions().with_kernels(pdl=True, split_waves=3)
+            opts = opts if calls["base"] == 1 else EngineOptions().with_kernels(tile_by_shape=True, split_waves=3)
         return json.dumps({"schema_version": 1, "decode_tok_s": 10.0, "options": opts.to_json()})
     with pytest.raises(GridError, match=r"arm base, leg 2: the bench ran under other options than the arm's "
                                         r"first leg \(split_waves: 2 then 3\)"):
@@ -326,7 +326,7 @@ def test_an_arm_whose_second_leg_ran_other_options_is_refused():
     (2, "2", True), (2, "3", False), (None, "none", True), (None, "0", False), ([16, 32], "16,32", True),
     ([16, 32], "16", False), ([], "", True), ("norm+tower", "norm+tower", True), ("", "x", False)])
 def test_an_arms_option_text_is_read_as_the_benchs_value(reported, text, same):
-    """The spec reader imports no engine, so an arm's `pdl: 0` is compared with the bench's reported
+    """The spec reader imports no engine, so an arm's `tile_by_shape: 0` is compared with the bench's reported
     value by that value's type (engine/options.py's own readings of 1/0, on/off, lists, none)."""
     from grids.runner import matches
     assert matches(reported, text) is same

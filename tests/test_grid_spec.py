@@ -216,12 +216,12 @@ def test_an_arm_carries_engine_options_checked_at_load():
     a key or value of the wrong form is an error naming the arm (what a key means is the head's bench's
     to check: the spec reader imports no engine); --option in extra_args is refused."""
     from grids import runner
-    spec = parse_spec(_with("arms.dequant.options", {"split_waves": 4, "pdl": False, "prefill_warm": [16, 32]}))
+    spec = parse_spec(_with("arms.dequant.options", {"split_waves": 4, "tile_by_shape": False, "prefill_warm": [16, 32]}))
     arm = spec.arms[1]
-    assert arm.options == (("pdl", "0"), ("prefill_warm", "16,32"), ("split_waves", "4"))
+    assert arm.options == (("prefill_warm", "16,32"), ("split_waves", "4"), ("tile_by_shape", "0"))
     argv = runner.bench_args(spec, spec.cells[0], arm, "/ck")
     at = argv.index("--option")
-    assert argv[at:at + 6] == ["--option", "pdl=0", "--option", "prefill_warm=16,32", "--option", "split_waves=4"]
+    assert argv[at:at + 6] == ["--option", "prefill_warm=16,32", "--option", "split_waves=4", "--option", "tile_by_shape=0"]
     assert "--option" not in runner.bench_args(spec, spec.cells[0], spec.arms[0], "/ck")
     for options, needle in (({"Warp Speed": 1}, "arms.dequant.options: option 'Warp Speed': expected a lower-case name"),
                             ({"split_waves": {"a": 1}}, "arms.dequant.options.split_waves: expected a value"),
@@ -229,4 +229,4 @@ def test_an_arm_carries_engine_options_checked_at_load():
         with pytest.raises(SpecError, match=needle):
             parse_spec(_with("arms.dequant.options", options))
     with pytest.raises(SpecError, match="sets an option the runner sets itself"):
-        parse_spec(_with("arms.dequant.extra_args", ["--option", "pdl=0"]))
+        parse_spec(_with("arms.dequant.extra_args", ["--option", "tile_by_shape=0"]))

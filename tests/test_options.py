@@ -12,10 +12,10 @@ from kernels.policy import KernelPolicy
 
 # The defaults the REGATE_* variables had (unset) before they became options: a change here changes
 # what a default engine runs, so it must be deliberate.
-BEFORE = {"ablate": "", "decode_ahead": True, "delta_target": 1024,
-          "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True, "fused_sample": True,
+BEFORE = {"ablate": "", "delta_target": 1024,
+          "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True,
           "merge_projections": True, "nvfp4_w4a4": False,
-          "pdl": True, "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
+          "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
           "split_sum_in_norm": True, "split_waves": 2, "tile_by_shape": True, "tile_gemm": True}
 
 
@@ -27,25 +27,21 @@ def test_the_defaults_are_the_engine_before_options():
 
 def test_every_kernel_defaults_to_the_policy_the_engine_passes():
     """A kernel called without a policy (tests, tuning scripts) runs KernelPolicy's defaults."""
-    from kernels import (attention_prep, decode_norm, gdn_decode, gdn_prefill, merge, nvfp4_gemm, paged_attention,
-                         paged_prefill, pdl, plain_read, sample, table, tile_gemm)
-    fns = (attention_prep.attention_prep, decode_norm.rms_norm, decode_norm.add_rms_norm, decode_norm.silu_mul,
-           gdn_decode.conv_step, gdn_decode.delta_step, gdn_decode.programs_per_head,
+    from kernels import gdn_decode, merge, nvfp4_gemm, table, tile_gemm
+    fns = (gdn_decode.delta_step, gdn_decode.programs_per_head,
            merge.matmul_merged, nvfp4_gemm.prepare, nvfp4_gemm.matmul, nvfp4_gemm.matmul_split, nvfp4_gemm.merge,
-           nvfp4_gemm.matmul_merged, paged_attention.paged_decode_gated, paged_prefill.paged_prefill_gated,
-           pdl.launch_options, plain_read.empty_launch, plain_read.read_pair, sample.greedy_topk, table.tile_config,
-           table.dequant_from, tile_gemm.tile_gemm)
+           nvfp4_gemm.matmul_merged, table.tile_config, table.dequant_from, tile_gemm.tile_gemm)
     for fn in fns:
         assert inspect.signature(fn).parameters["policy"].default == KernelPolicy(), fn.__qualname__
     assert inspect.signature(tile_gemm.groups_per_split).parameters["waves"].default == KernelPolicy().split_waves
 
 
 def test_parse_and_from_mapping_agree_and_canonicalize():
-    a = EngineOptions.parse(["fused_sample=off", "split_waves=4", "prefill_warm=128,256", "ablate=norm:free+tower"])
-    b = EngineOptions.from_mapping({"fused_sample": False, "split_waves": 4, "prefill_warm": [128, 256],
+    a = EngineOptions.parse(["merge_projections=off", "split_waves=4", "prefill_warm=128,256", "ablate=norm:free+tower"])
+    b = EngineOptions.from_mapping({"merge_projections": False, "split_waves": 4, "prefill_warm": [128, 256],
                                     "ablate": "norm+tower"})
     assert a == b and a.digest() == b.digest() != EngineOptions().digest()
-    assert a.changed() == {"ablate": "norm+tower", "fused_sample": False, "prefill_warm": [128, 256], "split_waves": 4}
+    assert a.changed() == {"ablate": "norm+tower", "merge_projections": False, "prefill_warm": [128, 256], "split_waves": 4}
     assert EngineOptions.parse("dequant_min_m=none") == EngineOptions()
     assert EngineOptions.parse("dequant_min_m=0").kernels.dequant_min_m == 0
 
@@ -53,8 +49,10 @@ def test_parse_and_from_mapping_agree_and_canonicalize():
 @pytest.mark.parametrize("pairs, match", [
     (["warp_speed=1"], "option warp_speed: unknown; expected one of ablate, "),
     (["split_waves"], "option 'split_waves': expected KEY=VALUE"),
-    (["pdl=1", "pdl=0"], "option pdl: given twice"),
-    (["fused_sample=maybe"], r"option fused_sample: expected a boolean \(1/0, true/false, on/off\), found 'maybe'"),
+    (["tile_by_shape=1", "tile_by_shape=0"], "option tile_by_shape: given twice"),
+    (["pdl=0"], "option pdl: unknown; expected one of "),  # always on since 2026-12-07
+    (["fused_sample=0"], "option fused_sample: unknown; expected one of "),  # the only CUDA pick since 2026-12-07
+    (["merge_projections=maybe"], r"option merge_projections: expected a boolean \(1/0, true/false, on/off\), found 'maybe'"),
     (["prefill_graphs=many"], "option prefill_graphs: expected an integer, found 'many'"),
     (["prefill_bucket=-1"], "option prefill_bucket: expected a count >= 0, found -1"),
     (["split_waves=0"], "option split_waves: expected a count of waves >= 1, found 0"),
@@ -77,8 +75,8 @@ def test_from_mapping_refuses_a_wrong_type():
         EngineOptions.from_mapping({"split_waves": [2]})
     with pytest.raises(ValueError, match="option ablate: expected a string, found 1"):
         EngineOptions.from_mapping({"ablate": 1})
-    with pytest.raises(ValueError, match="option pdl: expected a boolean"):
-        EngineOptions.from_mapping({"pdl": 2})
+    with pytest.raises(ValueError, match="option tile_by_shape: expected a boolean"):
+        EngineOptions.from_mapping({"tile_by_shape": 2})
 
 
 def test_the_bench_cli_takes_options_and_records_them(tmp_path):
@@ -93,12 +91,12 @@ def test_the_bench_cli_takes_options_and_records_them(tmp_path):
     if not app.registered_commands:
         _register_all()
     base = ["bench", "--model", str(tiny()), "--gen-len", "3", "--iters", "1", "--warmup", "0", "--json"]
-    res = CliRunner().invoke(app, base + ["--option", "decode_ahead=0", "--option", "merge_projections=0"])
+    res = CliRunner().invoke(app, base + ["--option", "split_sum_in_norm=0", "--option", "merge_projections=0"])
     assert res.exit_code == 0, res.output
     line = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
-    assert line["options"] == {**BEFORE, "decode_ahead": False, "merge_projections": False}
-    bad = CliRunner().invoke(app, base + ["--option", "decode_ahead=sometimes"])
-    assert bad.exit_code == 2 and "bench: option decode_ahead: expected a boolean" in bad.output
+    assert line["options"] == {**BEFORE, "split_sum_in_norm": False, "merge_projections": False}
+    bad = CliRunner().invoke(app, base + ["--option", "merge_projections=sometimes"])
+    assert bad.exit_code == 2 and "bench: option merge_projections: expected a boolean" in bad.output
 
 
 def test_every_shipped_grid_spec_names_only_options_the_engine_has():

@@ -99,28 +99,24 @@ def test_bad_arguments_are_refused_by_name(bad, match):
 
 
 def test_the_engine_picks_the_same_tokens_and_top_k_with_the_kernel(tmp_path, monkeypatch):
-    """The option fused_sample=1 puts a CUDA engine's pick (inside its decode graphs) on the kernel; the CPU
-    backend keeps torch's, so here the CPU runner's switch is set by hand. Either way generate's tokens
-    and every step's top-k equal the reference engine's."""
+    """A CUDA engine's pick (inside its decode graphs) is the kernel; the CPU backend keeps torch's, so
+    here the runner's pick is set by hand (the kernel on the CPU, torch's as the twin on CUDA). Either way
+    generate's tokens and every step's top-k equal the reference engine's."""
     from engine.engine import Engine
-    from engine.options import EngineOptions
     from engine.synth import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "tiny", preset="tiny", seed=3)
     prompts = [[5, 9, 2, 11], [7, 1], [3, 3, 3, 8, 1, 2]]
 
-    def run(env: str):
-        eng = Engine(ckpt, backend=DEV.type, lm_head="packed", max_num_seqs=3, max_model_len=64,
-                     options=EngineOptions.parse([f"fused_sample={env}"]))
+    def run(kernel: bool):
+        eng = Engine(ckpt, backend=DEV.type, lm_head="packed", max_num_seqs=3, max_model_len=64)
         runner = eng.runner()
-        if env == "1" and DEV.type == "cpu":
-            assert runner.sample_kernel is None  # the switch is CUDA's
-            runner.sample_kernel = sample.greedy_topk
-        assert (runner.sample_kernel is not None) == (env == "1")
+        assert runner.sample_kernel is (sample.greedy_topk if DEV.type == "cuda" else None)
+        runner.sample_kernel = sample.greedy_topk if kernel else None
         return eng.generate(prompts, 12), eng.last_topk
 
-    tokens, topk = run("1")
-    want_tokens, want_topk = run("0")
+    tokens, topk = run(True)
+    want_tokens, want_topk = run(False)
     assert tokens == want_tokens
     for seq, want_seq in zip(topk, want_topk, strict=True):
         for step, (got, want) in enumerate(zip(seq, want_seq, strict=True)):
@@ -154,9 +150,7 @@ def test_the_benchs_reference_is_the_runners_pick():
 
 def test_the_kernel_picks_by_default_on_cuda_and_never_on_the_cpu():
     from engine.fused import fused_sample
-    from engine.options import EngineOptions
 
     pick = fused_sample(torch.device("cuda"))
-    assert pick.func is sample.greedy_topk and pick.keywords == {"policy": EngineOptions().kernels}
+    assert pick is sample.greedy_topk
     assert fused_sample(torch.device("cpu")) is None
-    assert fused_sample(torch.device("cuda"), EngineOptions(fused_sample=False)) is None

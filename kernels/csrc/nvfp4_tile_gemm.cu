@@ -158,16 +158,17 @@ __global__ void __launch_bounds__(WARPS * 32, MINB) tile_gemm_kernel(TileGemmArg
   // Programmatic dependent launch: this CTA was launched while the kernel before it finished, and
   // it reads nothing that kernel may write (x) before that kernel has completed and its memory is
   // visible. The weights are another matter only when the caller says no kernel writes them
-  // (p.early_weights: a decode step replayed from a CUDA graph; at load time a kernel may just have
-  // written them): then the first K group loads into registers before the wait, so the weight
-  // stream starts during the previous kernels' tail (none: 0.5% slower a 64-layer step, two: 2.3%).
-  const bool early = active && p.early_weights && cg0 < cg1;
-  if (early) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
+  // (p.early_groups: a decode step replayed from a CUDA graph; at load time a kernel may just have
+  // written them): then the first early_groups K groups load into registers before the wait, so
+  // the weight stream starts during the previous kernels' tail.
+  const int early = active ? min(p.early_groups, min(2, cg1 - cg0)) : 0;
+  if (early > 0) load_group<R>(buf0, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0, lane);
+  if (early > 1) load_group<R>(buf1, p.w, p.scales, rt0, p.row_tiles, chunks, groups, cg0 + 1, lane);
   grid_dependency_wait();
-  if (cg0 < cg1) fetch(buf0, cg0, 0, !early);
+  if (cg0 < cg1) fetch(buf0, cg0, 0, early < 1);
   if constexpr (XS) cp_async_commit();
   for (int cg = cg0; cg < cg1; cg += 2) {
-    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, true);
+    if (cg + 1 < cg1) fetch(buf1, cg + 1, 1, cg > cg0 || early < 2);
     if constexpr (XS) cp_async_commit();
     run(buf0, cg, 0);
     if (cg + 1 >= cg1) break;

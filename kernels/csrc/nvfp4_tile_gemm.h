@@ -16,9 +16,9 @@ struct TileGemmArgs {
   float out_scale;         // global_scale * 2^19
   const float* row_scale;  // per output row [N_main] (global_scale * 2^19 of the row's weight), or nullptr:
                            // out_scale for every row (projections merged into one operand need it)
-  int early_weights;       // mma.sync kernel, 1: each warp loads its first K group of weights into registers
+  int early_groups;        // mma.sync kernel: K groups (0-2) of its weights each warp loads into registers
                            // before waiting on the kernel before it; only where no kernel writes the
-                           // weights (a decode step's graph); 0: after the wait
+                           // weights (a decode step's graph); 0: none
   int defer_sum;           // 1: leave the split-K partials unsummed (no reduce_splits): the consumer sums
                            // them (kernels/decode_norm.py add_rms_norm); y is not written
 };

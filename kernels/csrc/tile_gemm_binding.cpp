@@ -60,10 +60,11 @@ void tile_gemm_out(const torch::Tensor& x, const torch::Tensor& words, const tor
                    const c10::optional<torch::Tensor>& partial, double out_scale, int64_t m_tiles,
                    int64_t rows_per_warp, int64_t warps, int64_t min_ctas, bool x_shared,
                    int64_t groups_per_split, const c10::optional<torch::Tensor>& row_scale, bool defer_sum,
-                   bool early_weights) {
+                   int64_t early_groups) {
   int64_t splits = 1;
   TileGemmArgs p = make_args(x, words, codes, y, partial, out_scale, groups_per_split, row_scale, defer_sum, splits);
-  p.early_weights = early_weights ? 1 : 0;
+  check(early_groups >= 0 && early_groups <= 2, "early_groups must be 0, 1 or 2");
+  p.early_groups = (int)early_groups;
   const cudaError_t err = tile_gemm(p, (int)m_tiles, (int)rows_per_warp, (int)warps, (int)min_ctas, x_shared,
                                     (int)splits, stream_of(x));
   TORCH_CHECK(err == cudaSuccess, "tile_gemm launch failed: ", cudaGetErrorString(err), " (m_tiles=", m_tiles,

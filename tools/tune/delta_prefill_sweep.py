@@ -21,7 +21,7 @@ import torch
 
 from kernels import gdn_prefill
 from tools.tune.bench import copies_for, environment, fastest_by_batch, sweep_cli
-from tools.tune.field_compare import DK, DV, HK, HV, inputs, rotated, states
+from tools.tune.field_compare import DK, DV, HK, inputs, rotated, states
 
 BLOCKS = (8, 16, 32, 64, 128)
 
