@@ -1,6 +1,6 @@
 """Ablation: what a decode step takes when one of its parts costs nothing, or only its bytes.
 
-`engine attribute` books each kernel the time from the kernel before it ending to its own end (under
+`python -m tools.attribution` books each kernel the time from the kernel before it ending to its own end (under
 PDL a kernel starts while its predecessor drains, and only waits): its link in the chain, the
 dependency's release as well as its work. That is not what removing the part would save: the next
 kernel has a release to wait for either way, and its early weight loads overlap differently (the
@@ -24,7 +24,7 @@ its input is ready, and did nothing else.
 What a part would have written is left unwritten (torch.empty, no kernel), so the values that flow
 on are garbage: an ablated engine computes wrong tokens. Its timings are the point; a decode step's
 work does not depend on the values (greedy picks; no stop token ends a bench's run). So only
-`engine bench` and `engine attribute` build one (`allow_ablation=True`; their output names it);
+`engine bench` and `python -m tools.attribution` build one (`allow_ablation=True`; their output names it);
 every other Engine refuses with AblationError, a grid refuses a bench record that names one, and the
 orchestrator's gate, compare, grid, mutate and serve never pass one (they pass no options). The
 ablations replace the fused decode kernels and the fp4 GEMM, so they need CUDA's path: an ablation
@@ -76,7 +76,7 @@ def label(ablation: dict[str, str]) -> str:
 def check_allowed(ablation: dict[str, str], allow: bool) -> None:
     if ablation and not allow:
         raise AblationError(f"{NAME}={label(ablation)}: an ablated engine computes wrong tokens; only `engine bench` "
-                            f"and `engine attribute` build one (for timing). Drop the option for anything else")
+                            f"and `python -m tools.attribution` build one (for timing). Drop the option for anything else")
 
 
 def _unwritten(shape, like: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ COMMANDS = (
     "engine.commands.info",  # engine info
     "engine.commands.generate",  # engine generate
     "engine.commands.bench",  # engine bench
-    "engine.commands.attribute",  # engine attribute
     "kernels.build",  # engine build
 )
 

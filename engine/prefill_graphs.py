@@ -26,7 +26,7 @@ length replays at once instead of running eagerly and then capturing.
 Policy (`PrefillGraphs.decide`): a key is captured the second time it is asked for, since a capture
 costs an eager run plus the capture itself, which a one-off shape never wins back; at most `limit`
 keys are held (the option prefill_graphs, default 8; 0 turns prefill graphs off), and past that new
-shapes run eagerly. Nothing is captured while torch's profiler records (`engine attribute` profiles
+shapes run eagerly. Nothing is captured while torch's profiler records (`python -m tools.attribution` profiles
 whole generates): a capture inside a CUPTI session is a combination torch has had hangs and crashes
 with (pytorch/pytorch#75504); replaying under the profiler is what the decode graphs already do. A replay's logits are copied out before they are returned, so a later replay
 cannot overwrite a result the caller still holds.

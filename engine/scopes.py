@@ -1,4 +1,4 @@
-"""Named parts of a decode step, marked in the model code for `engine attribute`.
+"""Named parts of a decode step, marked in the model code for `python -m tools.attribution`.
 
 Each part of the step runs inside `scope(<part>)`, a range named `part:<part>`; the attribution
 reads those ranges (and on CUDA the kernels launched inside them) back. The scopes cost nothing
@@ -14,7 +14,7 @@ Two ways to record a range, both measured on this 2-core box:
   The CPU attribution uses it: ~40 ranges a step of the tiny checkpoint cost ~0.5% of its ~6 ms,
   where the kineto ranges would cost ~3% and blur the 1% closure the attribution checks.
 
-Parts (docs/ENGINE.md, "engine attribute"):
+Parts (docs/ENGINE.md, "python -m tools.attribution"):
 - `lm_head`: the head GEMM;
 - `tower.qkvo`, `tower.gate_up`, `tower.down`, `tower.in_proj`, `tower.out_proj`: the tower GEMMs
   by projection family (full-attention q/k/v/o; MLP gate and up; MLP down; Gated DeltaNet

@@ -1,4 +1,4 @@
-"""The attribution step of a grid: `engine attribute --json` for each arm of a cell, once, after the
+"""The attribution step of a grid: `python -m tools.attribution --json` for each arm of a cell, once, after the
 cell's legs, each arm in a fresh process like a bench leg (the spec's `attribute` key).
 
 An attribution that fails is kept as that arm's error, never raised: the legs already measured stay
@@ -21,7 +21,7 @@ def attribute_args(spec, cell, arm, model_dir: str) -> list[str]:
 
 def attribute_cell(spec, attribute, index: int, model_dir: str) -> dict:
     """{"lengths", "iters", "arms": {arm: attribute JSON}, "errors": {arm: why}} of one cell;
-    `attribute` is a grids.runner.Run: one `engine attribute` process per call."""
+    `attribute` is a grids.runner.Run: one `python -m tools.attribution` process per call."""
     cell = spec.cells[index]
     out = {"lengths": list(spec.attribute.lengths), "iters": spec.attribute.iters, "arms": {}, "errors": {}}
     for arm in spec.arms:
@@ -35,7 +35,7 @@ def attribute_cell(spec, attribute, index: int, model_dir: str) -> dict:
 
 
 class AttributeRunError(RuntimeError):
-    """An `engine attribute` process that failed or printed no usable JSON; names cell and arm."""
+    """An `python -m tools.attribution` process that failed or printed no usable JSON; names cell and arm."""
 
 
 def run_attribute(attribute, args: list[str], timeout_s: float, where: str) -> dict:
@@ -47,7 +47,7 @@ def run_attribute(attribute, args: list[str], timeout_s: float, where: str) -> d
 
 
 def parse_attribute(stdout: str, where: str) -> dict:
-    """The last JSON line of `engine attribute --json`, checked against its contract."""
+    """The last JSON line of `python -m tools.attribution --json`, checked against its contract."""
     record = last_json_object(stdout)
     if not isinstance(record, dict):
         raise AttributeRunError(f"{where}: printed no JSON line; stdout tail:\n{stdout[-TAIL:] or '(empty)'}")

@@ -21,7 +21,7 @@ names the file and the key (`cells[1].batch`) with what was expected against wha
     cells:
       - {batch: 1, prompt_len: 128, gen_len: 64}
       - {batch: 16, prompt_len: 128, gen_len: 64, checkpoint: {layers: 8}}
-    attribute: {lengths: [8, 136], iters: 3}   # optional: `engine attribute` per arm per cell, after the legs
+    attribute: {lengths: [8, 136], iters: 3}   # optional: `python -m tools.attribution` per arm per cell, after the legs
     metric: decode   # what a leg measures: decode (default) or prefill tok/s (grids/metric.py)
 
 Bounds (`LIMITS`), far above any real grid, so a typo cannot queue a run that never ends: legs and
@@ -58,7 +58,7 @@ TOP_KEYS = {"name", "backend", "legs", "max_legs", "until_binding", "warmup", "i
 
 LIMITS = {"legs": 200, "warmup": 100, "iters": 1000, "batch": 1024, "prompt_len": 131072, "gen_len": 131072,
           "layers": 1024, "timeout_s": 86400.0}
-# Options of `engine bench` / `engine attribute` that grids.runner and grids.attribution set themselves
+# Options of `engine bench` / `python -m tools.attribution` that grids.runner and grids.attribution set themselves
 # (tests/test_grid_spec.py checks both argument lists against this set).
 RUNNER_OPTIONS = ("--model", "--backend", "--lm-head", "--batch", "--prompt-len", "--gen-len", "--iters",
                   "--warmup", "--lengths", "--json", "--option")
@@ -123,7 +123,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class Attribute:
-    """Two-length decode attribution of each arm of each cell (`engine attribute`), run once per cell
+    """Two-length decode attribution of each arm of each cell (`python -m tools.attribution`), run once per cell
     after its legs: generation lengths (short, long) and runs per length."""
     lengths: tuple[int, int] = (8, 136)
     iters: int = 3

@@ -2,7 +2,7 @@
 
 A lab tool for the engine-speed work (docs/lab/): `engine attribute` books time to the model's parts;
 this lists the kernels themselves, to count launches and find the gaps between them. Two generates of
-different lengths are profiled (Kineto, as engine.attribution.capture records them) and subtracted, so prefill,
+different lengths are profiled (Kineto, as tools.attribution.capture records them) and subtracted, so prefill,
 warm-up and the loop's ends cancel and what is left is per decode step (graph replays included).
 
     python scripts/decode_kernels.py --model CKPT [--batch 1] [--lengths 8,72] [--top 30]
@@ -47,7 +47,7 @@ def kernel_stats(device_rows: list[dict]) -> dict[str, list[float]]:
 
 
 def profile(eng, prompts, n: int):
-    from engine.attribution.capture import profiled
+    from tools.attribution.capture import profiled
 
     _, trace = profiled(lambda: eng.generate(prompts, n), eng.device, keep_meta=True)
     return kernel_stats(trace.device)

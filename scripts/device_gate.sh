@@ -33,7 +33,7 @@
 #   suites   the CUDA suites alone under the census plugin, no orchestrator (for debugging a suite;
 #            $SUITES picks them, default "packed_gemm cuda_engine")
 #   cudatest every cuda-marked test of tests/
-#   attribute `engine attribute --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
+#   attribute `python -m tools.attribution --compare` on the 27b shape cut to each of $ATTR_LAYERS (default "8 64")
 #            layers, at each batch of $ATTR_BATCHES (default "1 16"); the JSON lines under $OUT/attribute/
 #   fused    the fused decode kernels against their reference twins on the GPU (tests/test_fused_decode.py),
 #            then `engine bench` of the packed arm on the 27b shape cut to $FUSED_LAYERS (default 8) layers,
@@ -280,7 +280,7 @@ stage_attribute() {
     ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
     for B in ${ATTR_BATCHES:-1 16}; do
       echo "-- 27b-${L}L batch $B"
-      PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m engine.cli attribute --model "$ck" --backend cuda \
+      PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m tools.attribution --model "$ck" --backend cuda \
         --compare --lengths "${ATTR_LENGTHS:-8,136}" --batch "$B" --iters "${ATTR_ITERS:-3}" --json \
         > "$OUT/attribute/27b-${L}L-b$B.json" 2> "$OUT/attribute/27b-${L}L-b$B.txt"
       echo "rc=$?"; tail -"${ATTR_TAIL:-40}" "$OUT/attribute/27b-${L}L-b$B.txt"

@@ -1,4 +1,4 @@
-"""A stand-in for `engine attribute --json` in the grid runner's tests (one process per arm).
+"""A stand-in for `python -m tools.attribution --json` in the grid runner's tests (one process per arm).
 
 Appends {"key": "attribute:<lm_head>", "lm_head", "pid", "argv"} to the JSON-lines file
 REGATE_FAKE_BENCH_LOG (the fake bench's log, so the order of legs and attributions is one list).

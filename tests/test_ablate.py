@@ -140,7 +140,7 @@ def test_an_engine_refuses_to_start_ablated_unless_it_was_asked_for_one(monkeypa
     from engine.engine import Engine
 
     with pytest.raises(AblationError, match=r"option ablate=tower: an ablated engine computes wrong tokens; only "
-                                            r"`engine bench` and `engine attribute` build one"):
+                                            r"`engine bench` and `python -m tools.attribution` build one"):
         Engine(tiny(), backend="cpu", lm_head="packed", options=EngineOptions(ablate="tower"))
     with pytest.raises(AblationError, match="unknown part 'bogus'"):
         EngineOptions(ablate="bogus")

@@ -31,7 +31,7 @@ def test_an_ablated_engine_decodes_from_its_graphs_to_the_end(monkeypatch, text)
 
 
 def _decode_kernels(eng: Engine) -> list[str]:
-    from engine.attribution.capture import decode_window, profiled
+    from tools.attribution.capture import decode_window, profiled
 
     _, trace = profiled(lambda: eng.generate([[3, 1, 4, 1, 5]], 4), eng.device)
     lo, hi = decode_window(trace)

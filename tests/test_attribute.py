@@ -1,4 +1,4 @@
-"""`engine attribute` on the CPU with the tiny checkpoint: the scopes cost nothing when off, every
+"""`python -m tools.attribution` on the CPU with the tiny checkpoint: the scopes cost nothing when off, every
 part is measured and the parts partition the profiled step, a slowdown injected into one part shows
 up in that part and no other, and the command's output and usage errors. Never a wall time."""
 from __future__ import annotations
@@ -12,15 +12,15 @@ import torch
 from typer.testing import CliRunner
 
 from engine import scopes
-from engine.attribution.measure import attribute_arm
-from engine.attribution.traffic import bytes_per_part, read_bandwidth
-from engine.cli import _register_all, app
+from tools.attribution.measure import attribute_arm
+from engine.floor import read_bandwidth
+from tools.attribution.traffic import bytes_per_part
+from tools.attribution.cli import app
 from engine.commands.bench import synthetic_prompts
 from engine.engine import Engine
 from engine.model.norm import RMSNorm
 from engine_oracle import tiny
 
-_register_all()
 SLEEP_S = 0.002  # per RMSNorm call: ~11 calls a decode step on the tiny checkpoint, ~22 ms a step
 
 
@@ -156,7 +156,7 @@ def test_a_prefill_slower_in_one_length_moves_neither_the_step_nor_any_part(monk
 
 
 def test_the_decode_window_is_one_decode_run_inside_the_run():
-    from engine.attribution import capture
+    from tools.attribution import capture
 
     def trace(*ranges):
         return capture.Trace(ranges=[{"id": i, "name": n, "start": a, "end": b, "thread": 0}
@@ -191,7 +191,7 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
 
 def test_the_kineto_recorder_sees_the_same_parts_on_the_cpu():
     """The recorder CUDA uses, run on the CPU: the same ranges, partitioning its window exactly."""
-    from engine.attribution import capture
+    from tools.attribution import capture
 
     eng, prompts = _engine()
     _, trace = capture.profiled(lambda: eng.generate(prompts, 3), eng.device, recorder="kineto")
@@ -221,7 +221,7 @@ def test_read_bandwidth_is_measured_here():
     (["--lm-head", "fp8"], "--lm-head: expected one of packed, dequant, found 'fp8'"),
 ])
 def test_usage_errors_exit_2_naming_the_option(args, needle):
-    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), *args])
+    res = CliRunner().invoke(app, ["--model", str(tiny()), *args])
     assert res.exit_code == 2 and needle in res.output, res.output
 
 
@@ -229,7 +229,7 @@ def test_prompts_past_the_default_prefill_budget_are_still_prefilled_at_once():
     """2 x 1100 prompt tokens exceed the engine's default prefill budget (2048 tokens a step), which
     would split the prefill and break the one run of decode steps the window is; the command sizes
     the budget to the batch, and the engine's own refusal names why."""
-    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), "--lengths", "2,3", "--batch", "2",
+    res = CliRunner().invoke(app, ["--model", str(tiny()), "--lengths", "2,3", "--batch", "2",
                                    "--prompt-len", "1100", "--iters", "1", "--warmup", "0", "--threads", "1", "--json"])
     assert res.exit_code == 0, res.output
     r = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
@@ -242,7 +242,7 @@ def test_prompts_past_the_default_prefill_budget_are_still_prefilled_at_once():
 
 
 def test_compare_prints_one_json_line_with_both_arms_and_their_difference():
-    res = CliRunner().invoke(app, ["attribute", "--model", str(tiny()), "--compare", "--lengths", "3,5", "--iters",
+    res = CliRunner().invoke(app, ["--model", str(tiny()), "--compare", "--lengths", "3,5", "--iters",
                                    "1", "--warmup", "0", "--threads", "1", "--json"])
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.stdout.strip().splitlines() if ln.startswith("{")]
@@ -289,7 +289,7 @@ class _Event:
     (_Event("part:norm", kind="gpu_user_annotation"), False),
 ])
 def test_device_work_is_told_apart_from_annotations_with_and_without_activity_type(event, work):
-    from engine.attribution.capture import is_device_work
+    from tools.attribution.capture import is_device_work
 
     assert is_device_work(event) is work
 
@@ -325,7 +325,7 @@ class _MetaEvent:
     ('"grid": [544, 1', {}),  # cut short: no metadata rather than a guess
 ])
 def test_kernel_metadata_is_read_as_a_dict_or_left_out(text, meta):
-    from engine.attribution.capture import event_meta
+    from tools.attribution.capture import event_meta
 
     assert event_meta(_MetaEvent(text)) == meta
     assert event_meta(object()) == {}  # an event without metadata at all

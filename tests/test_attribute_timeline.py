@@ -1,4 +1,4 @@
-"""The timeline rules of `engine attribute` on hand-built traces: host ranges (innermost wins, the
+"""The timeline rules of `python -m tools.attribution` on hand-built traces: host ranges (innermost wins, the
 uncovered rest is the gap), device activities (overlaps shared, idle is the gap), kernels booked by
 their launch's range, and CUDA-graph replays matched to an eager step or refused."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine import scopes
-from engine.attribution.capture import AttributionError, Trace, device_parts, eager_step_parts, host_parts
-from engine.attribution.timeline import Span, device_split, host_split
+from tools.attribution.capture import AttributionError, Trace, device_parts, eager_step_parts, host_parts
+from tools.attribution.timeline import Span, device_split, host_split
 
 
 def test_host_ranges_innermost_wins_and_the_rest_is_the_gap():
@@ -107,7 +107,7 @@ def _eager_trace():
 
 
 def test_innermost_range_of_each_time_in_one_sweep():
-    from engine.attribution.capture import innermost
+    from tools.attribution.capture import innermost
 
     rs = [_rng(1, "a", 0, 100), _rng(2, "b", 10, 20), _rng(3, "c", 12, 14), _rng(4, "d", 30, 40)]
     found = innermost(rs, [35, 13, 5, 15, 25, 150, 12, -1])
@@ -141,7 +141,7 @@ def test_a_trace_without_exactly_one_run_window_is_refused():
 
 
 def test_a_graph_replays_a_captured_copy_as_a_copy_kernel_of_its_own_name():
-    from engine.attribution.capture import same_activity
+    from tools.attribution.capture import same_activity
 
     assert same_activity("memcpy32_post", "Memcpy DtoD (Device -> Device)")
     assert same_activity("Memset (Device)", "memset32_aligned1D")

@@ -220,9 +220,9 @@ def test_the_attribution_runner_follows_the_bench_runner(tmp_path):
     tree = Tree(tmp_path, python="/tree/python")
     here = runners(tree)
     assert here["bench"] == TreeCommand(tree, tuple(tree.engine("bench")))
-    assert here["attribute"] == TreeCommand(tree, tuple(tree.engine("attribute")))
+    assert here["attribute"] == TreeCommand(tree, tuple(tree.py("-m", "tools.attribution")))
     assert here["bench"].command[:3] == ("/tree/python", "-I", "-S")  # the head's isolated Python (pyboot)
-    assert runners(tree, ("fake", "bench"))["attribute"].command == ("fake", "attribute")
+    assert runners(tree, ("fake", "bench"))["attribute"] == here["attribute"]  # the tree's tool either way
     with pytest.raises(Exception, match="expected kind 'attribution' schema_version 1, found kind None"):
         parse_attribute('{"schema_version": 1, "decode_tok_s": 3}', "w")
     with pytest.raises(Exception, match="JSON parts: expected a list"):

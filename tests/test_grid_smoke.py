@@ -37,7 +37,7 @@ def test_smoke_grid_on_the_cpu(tmp_path, monkeypatch):
 
 
 def test_a_grid_asking_for_attribution_keeps_each_arms_attribution(tmp_path, monkeypatch):
-    """Real `engine bench` and `engine attribute` processes: the launcher swap and the JSON contract."""
+    """Real `engine bench` and `python -m tools.attribution` processes: the launcher swap and the JSON contract."""
     from grids.spec import parse_spec
 
     monkeypatch.setenv("REGATE_CACHE", str(tmp_path / "cache"))

@@ -1,6 +1,6 @@
 """The import graph of regate's packages, read from the source with `ast` (nothing is imported):
 no module imports itself back through another, and no product package imports the tools beside it
-(tools/: the kernels' benchmark and offline sweeps). Imports inside functions count too: a
+(tools/: the kernels' benchmark and offline sweeps, the decode attribution). Imports inside functions count too: a
 lazy import is a dependency that only waits to bite."""
 from __future__ import annotations
 
@@ -92,8 +92,10 @@ def test_no_import_cycle(package):
     assert not found, f"import cycles through {package}/: {found}"
 
 
-def test_the_tools_hold_the_tuning_code():
-    assert any(m.startswith("tools.tune.") for m in graph()), "tools/tune/ holds the tuning code"
+def test_the_tools_hold_the_tuning_and_attribution_code():
+    modules = graph()
+    assert any(m.startswith("tools.tune.") for m in modules), "tools/tune/ holds the tuning code"
+    assert "tools.attribution.measure" in modules and not any(m.startswith("engine.attribution") for m in modules)
 
 
 # Package floors: what may import what. The box side (orchestrator/box/) never imports the driver side

@@ -1,4 +1,4 @@
-"""The report's Attribution section, from grid cells carrying `engine attribute` output: the stacked
+"""The report's Attribution section, from grid cells carrying `python -m tools.attribution` output: the stacked
 bars, the closure, the per-part difference against the noise band, the traffic model; absent for a
 record without attribution; a malformed one refused naming the field."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ GIB = 2**30
 
 
 def arm_record(arm: str, head_ms: float, spread: float = 0.002, iters: int = 3) -> dict:
-    """`engine attribute --json` of one arm (the fields the report reads), 27B-like numbers."""
+    """`python -m tools.attribution --json` of one arm (the fields the report reads), 27B-like numbers."""
     parts = [("lm_head", head_ms, int(0.666 * GIB) if arm == "packed" else int(2.368 * GIB)),
              ("tower.gate_up", 20.0, 6 * GIB), ("tower.down", 10.0, 3 * GIB), ("norm", 0.5, None),
              ("other", 0.8, None), ("idle", 0.3, None)]

@@ -114,10 +114,9 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     import torch
 
     from engine import ablate
-    from engine.attribution.traffic import read_bandwidth
     from engine.backends import fp4_gemm_status
     from engine.engine import Engine
-    from engine.floor import decode_floor_bytes
+    from engine.floor import decode_floor_bytes, read_bandwidth
     from engine.linear import head_on_fp4_gemm
     from engine.memory import memory_snapshot
     lap("imports")

@@ -3,7 +3,7 @@
 `--grid SPEC` names a spec file of the head's tree (`grids/smoke.yaml`) or its bare name (`smoke`).
 Every bench runs the head's own engine in its fresh tree through the tree runner (`TreeCommand`:
 `python -m engine.cli bench`, a process group killed on timeout or cancel), a spec's `attribute` runs
-the same tree's `engine attribute`, and each cell's checkpoint is resolved by the head's own
+the same tree's `python -m tools.attribution`, and each cell's checkpoint is resolved by the head's own
 `engine.ckpt_cache` (`Tree.checkpoint`). A grid that cannot run is an infrastructure error of the job
 (no verdict can be drawn from it), never a red gate.
 """
@@ -43,7 +43,7 @@ class TreeCommand:
 def runners(tree: Tree, bench_command: tuple[str, ...] | None = None) -> dict:
     """`run_grid`'s bench, attribute and checkpoint for `tree`: the head's own engine throughout."""
     bench = bench_command or tuple(tree.engine("bench"))
-    attribute = (*bench[:-1], "attribute") if bench[-1] == "bench" else tuple(tree.engine("attribute"))
+    attribute = tuple(tree.py("-m", "tools.attribution"))  # the tree's own tool, whatever runs the bench
     return {"bench": TreeCommand(tree, bench), "attribute": TreeCommand(tree, attribute),
             "checkpoint": lambda **params: tree.checkpoint(params, CHECKPOINT_TIMEOUT_S),
             "bench_command": bench}

@@ -1,5 +1,5 @@
 """The attribution section: per grid cell that asked for it, where each arm's decode step goes
-(`engine attribute`, kept in the cell by grids.attribution), the per-part difference of the arms
+(`python -m tools.attribution`, kept in the cell by grids.attribution), the per-part difference of the arms
 against the noise band, the closure of the parts on the step timed without the profiler, and the
 traffic model (weight bytes per step / measured step = achieved bandwidth, against the box's read
 bandwidth measured by the same command).

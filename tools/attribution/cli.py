@@ -1,9 +1,9 @@
-"""`engine attribute`: where a decode step's time goes, per part, closing on the measured step.
+"""`python -m tools.attribution`: where a decode step's time goes, per part, closing on the measured step.
 
-    engine attribute --model DIR --backend cpu|cuda --lm-head packed|dequant --lengths 8,136 [--batch B]
+    python -m tools.attribution --model DIR --backend cpu|cuda --lm-head packed|dequant --lengths 8,136 [--batch B]
                      [--compare] [--eager] [--iters N] [--json]
 
-Greedy decode at two lengths, with and without the profiler (engine.attribution.measure): per part
+Greedy decode at two lengths, with and without the profiler (tools.attribution.measure): per part
 ms per step, share of the step, weight bytes per step and achieved GB/s where the part reads
 weights, the closure of the parts on the step timed without the profiler, the profiler's overhead,
 and the box's read bandwidth measured in the same command. `--compare` runs both arms and prints
@@ -60,8 +60,8 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
     import torch
 
     from engine import ablate
-    from engine.attribution.measure import attribute_arm
-    from engine.attribution.traffic import read_bandwidth
+    from tools.attribution.measure import attribute_arm
+    from engine.floor import read_bandwidth
     from engine.backends import device_for, fp4_gemm_status
     from engine.commands.bench import collect_meta, synthetic_prompts
     from engine.engine import Engine
@@ -195,6 +195,6 @@ def attribute_cmd(
         print(json.dumps(result), flush=True)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("attribute", help="Two-length decode attribution: per-part ms per step, closing on the step.")(
-        attribute_cmd)
+app = typer.Typer(add_completion=False, help="Two-length decode attribution: per-part ms per step, closing on the "
+                  "step (a tool beside the engine, issue 51; it was `engine attribute`).")
+app.command()(attribute_cmd)

@@ -1,4 +1,4 @@
-"""Record one generate() and turn its trace into per-part time (engine.attribution.timeline).
+"""Record one generate() and turn its trace into per-part time (tools.attribution.timeline).
 
 Two recorders (engine.scopes says what each costs):
 - `kineto`: torch's Kineto profiler, started through the entry points `torch.profiler` uses but
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import scopes
-from engine.attribution.timeline import Span, device_split, host_split
+from tools.attribution.timeline import Span, device_split, host_split
 
 GAP = {"cpu": "host", "cuda": "idle"}
 OTHER = "other"

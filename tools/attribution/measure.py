@@ -12,7 +12,7 @@ without the profiler (its decode wall: the step as the engine really runs it) an
 - total_ms_per_step = (best long decode wall - best short decode wall) / steps, without the profiler.
 - parts: from the profiled run of each length with the shortest decode window (the least disturbed
   on a busy box, chosen the same way as the walls), differenced and divided by the steps; every part
-  is read from the trace (engine.attribution.capture), the gap part included.
+  is read from the trace (tools.attribution.capture), the gap part included.
 - closure = sum of parts / total_ms_per_step: the profile checked against the step timed apart;
   closure_iters: each iteration's profiled step over its own timed step (how noisy the box is).
 - Runs alternate length order and timed/profiled order across iterations, each after a collection,
@@ -30,8 +30,8 @@ import statistics
 
 import torch
 
-from engine.attribution import capture
-from engine.attribution.traffic import bytes_per_part
+from tools.attribution import capture
+from tools.attribution.traffic import bytes_per_part
 from engine.scopes import PARTS
 
 SCHEMA_VERSION = 1
