@@ -9,7 +9,6 @@ import importlib
 import typer
 
 COMMANDS = (
-    "engine.commands.make_checkpoint",  # engine make-checkpoint
     "engine.commands.info",  # engine info
     "engine.commands.generate",  # engine generate
     "engine.commands.bench",  # engine bench

@@ -70,7 +70,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Parameters of `engine.ckpt_cache.cached_checkpoint` (a synthetic checkpoint)."""
+    """Parameters of `tools.synth.cache.cached_checkpoint` (a synthetic checkpoint)."""
     preset: str = "tiny"
     naming: str = "modelopt"
     head: str = "nvfp4"

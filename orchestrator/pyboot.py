@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-REGATE_PACKAGES = ("orchestrator", "engine", "kernels", "gates", "grids", "nvfp4")
+REGATE_PACKAGES = ("orchestrator", "engine", "kernels", "gates", "grids", "nvfp4", "tools")
 
 BOOT = """import json, runpy, sys
 spec = json.loads(sys.argv[1])

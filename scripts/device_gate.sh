@@ -277,7 +277,7 @@ stage_attribute() {
   mkdir -p "$OUT/attribute"
   local L B ck
   for L in ${ATTR_LAYERS:-8 64}; do
-    ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+    ck=$(PYTHONPATH=$PWD $PY -c "from tools.synth.cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
     for B in ${ATTR_BATCHES:-1 16}; do
       echo "-- 27b-${L}L batch $B"
       PYTHONPATH=$PWD timeout "${ATTR_TIMEOUT_S:-300}" $PY -m tools.attribution --model "$ck" --backend cuda \
@@ -292,7 +292,7 @@ stage_attribute() {
 stage_fused() {
   PYTHONPATH=$PWD $PY -m pytest -q -p no:cacheprovider tests/test_fused_decode.py 2>&1 | tail -15
   local L=${FUSED_LAYERS:-8} B F ck
-  ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+  ck=$(PYTHONPATH=$PWD $PY -c "from tools.synth.cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
   for B in ${FUSED_BATCHES:-1 16}; do for F in 0 1; do
     PYTHONPATH=$PWD $PY -m engine.cli bench --model "$ck" --backend cuda --lm-head packed --option fused_decode=$F \
       --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>/dev/null | tail -1 > "$OUT/bench-${L}L-b$B-f$F.json"
@@ -307,7 +307,7 @@ stage_merge() {
   PYTHONPATH=$PWD timeout "${MERGE_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
     ${MERGE_TESTS:-tests/test_projections_cuda.py tests/test_kernels_cuda.py tests/test_fused_decode.py} 2>&1 | tail -25
   local L=${MERGE_LAYERS:-16} B V ck
-  ck=$(PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
+  ck=$(PYTHONPATH=$PWD $PY -c "from tools.synth.cache import cached_checkpoint as c; print(c(preset='27b', layers=$L))" | tail -1)
   for B in ${MERGE_BATCHES:-1 16}; do for V in ${MERGE_VARIANTS:-0 1}; do
     PYTHONPATH=$PWD timeout 120 $PY -m engine.cli bench --option merge_projections=$V \
       --model "$ck" --backend cuda --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json \
@@ -319,7 +319,7 @@ print('27b-${L}L batch', p['batch'], 'merge=$V', round(r['ms_per_step'], 3), 'ms
   done; done
 }
 
-ckpt_27b() { PYTHONPATH=$PWD $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$1))" | tail -1; }
+ckpt_27b() { PYTHONPATH=$PWD $PY -c "from tools.synth.cache import cached_checkpoint as c; print(c(preset='27b', layers=$1))" | tail -1; }
 
 ab_spec() {  # the two-arm grid spec of `ab` (JSON, which YAML reads): options $1 against options $2
   $PY - "$1" "$2" <<'PY'

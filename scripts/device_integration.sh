@@ -20,7 +20,7 @@ OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 REGATE_CACHE=${REGATE_CACHE:-/tmp/regate-cache} REGATE_SYNTH_DEVICE=cuda
 export PYTHONPATH=/tmp/site:$PWD
 LAYERS=${LAYERS:-4}; MAX_LEGS=${MAX_LEGS:-4}; PY=${PY:-python3}
-ckpt() { $PY -c "from engine.ckpt_cache import cached_checkpoint as c; print(c(preset='27b', layers=$LAYERS, naming='modelopt', head='nvfp4', seed=0))" | tail -1; }
+ckpt() { $PY -c "from tools.synth.cache import cached_checkpoint as c; print(c(preset='27b', layers=$LAYERS, naming='modelopt', head='nvfp4', seed=0))" | tail -1; }
 
 stage_setup() {
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl

@@ -84,6 +84,6 @@ def judge_greedy(ours: list[int], oracle: list[int], margins: list[float], toler
 
 def tiny(naming: str = "modelopt", prefix: str = "model.", head: str = "nvfp4", layers: int = 4):
     """A tiny synthetic checkpoint with both layer types (layers 0-2 Gated DeltaNet, 3 full attention)."""
-    from engine.ckpt_cache import cached_checkpoint
+    from tools.synth.cache import cached_checkpoint
 
     return cached_checkpoint(preset="tiny", naming=naming, prefix=prefix, head=head, layers=layers)

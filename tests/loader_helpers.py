@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.ckpt_cache import cached_checkpoint
+from tools.synth.cache import cached_checkpoint
 from nvfp4 import dequantize_raw
 
 

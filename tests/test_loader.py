@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.ckpt_cache import cached_checkpoint
+from tools.synth.cache import cached_checkpoint
 from engine.loader import load_checkpoint
 from nvfp4 import Nvfp4Weight
 from tests.loader_helpers import edit_json, edit_tensors, fresh, module_to_bf16

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "kernels", "grids", "gates", "nvfp4", "tools")
 NAME = re.compile(r"REGATE_[A-Z0-9_]*")
 INFRASTRUCTURE = {
-    "REGATE_CACHE",  # engine/ckpt_cache.py: where synthesized checkpoints are cached
-    "REGATE_SYNTH_DEVICE", "REGATE_SYNTH_THREADS",  # engine/synth.py: where and how wide synthesis runs
+    "REGATE_CACHE",  # tools/synth/cache.py: where synthesized checkpoints are cached
+    "REGATE_SYNTH_DEVICE", "REGATE_SYNTH_THREADS",  # tools/synth/checkpoint.py: where and how wide synthesis runs
     "REGATE_CENSUS_OUT", "REGATE_CENSUS_FD", "REGATE_CENSUS_NONCE", "REGATE_CENSUS_TWIN",  # gates/: the census
     "REGATE_RUN",  # a run's token (orchestrator/box)
 }

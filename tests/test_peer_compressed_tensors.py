@@ -16,7 +16,7 @@ from compressed_tensors.quantization.quant_scheme import NVFP4A16  # noqa: E402
 from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam  # noqa: E402
 
 import nvfp4  # noqa: E402
-from engine.synth import make_checkpoint  # noqa: E402
+from tools.synth.checkpoint import make_checkpoint  # noqa: E402
 
 ARGS = NVFP4A16["weights"]
 

@@ -122,7 +122,7 @@ def test_a_group_stays_separate_where_it_cannot_merge():
 
 
 def test_the_cpu_engine_runs_its_groups_member_by_member():
-    from engine.ckpt_cache import cached_checkpoint
+    from tools.synth.cache import cached_checkpoint
     from engine.loader import load_checkpoint
     from engine.model.build import build_model
     from engine.residency import iter_instances

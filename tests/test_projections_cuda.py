@@ -60,7 +60,7 @@ PROMPTS = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
 def _engine_on_and_off(key: str, run) -> dict:
     """{flag: run(engine, flag)} for the engine on the 27b shape cut to 4 layers (the cuda_engine
     suite's checkpoint) built with the option `key` at "0", then "1"."""
-    from engine.ckpt_cache import cached_checkpoint
+    from tools.synth.cache import cached_checkpoint
     from engine.engine import Engine
     from engine.options import EngineOptions
 

@@ -103,7 +103,7 @@ def test_the_engine_picks_the_same_tokens_and_top_k_with_the_kernel(tmp_path, mo
     here the runner's pick is set by hand (the kernel on the CPU, torch's as the twin on CUDA). Either way
     generate's tokens and every step's top-k equal the reference engine's."""
     from engine.engine import Engine
-    from engine.synth import make_checkpoint
+    from tools.synth.checkpoint import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "tiny", preset="tiny", seed=3)
     prompts = [[5, 9, 2, 11], [7, 1], [3, 3, 3, 8, 1, 2]]

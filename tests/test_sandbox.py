@@ -389,7 +389,7 @@ def test_tree_runs_its_python_in_the_jail_with_caches_in_scratch(scratch):
 def test_the_heads_own_engine_resolves_a_checkpoint_into_the_box_cache_from_the_jail(scratch):
     cache = scratch.parent / f"{scratch.name}-checkpoints"
     root = scratch / "tree"  # the head's engine in the run's scratch, as a job unpacks it (bound in the jail)
-    for pkg in ("engine", "kernels", "nvfp4"):  # the engine and the packages under it (its floors)
+    for pkg in ("engine", "kernels", "nvfp4", "tools"):  # the engine, the packages under it, the synthesis beside it
         shutil.copytree(REPO_ROOT / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     try:
         tree = Tree(root, scratch=scratch, jail=_bwrap_jail(scratch, hidden=(REPO_ROOT / ".regate",),

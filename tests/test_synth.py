@@ -4,15 +4,14 @@ import threading
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
-from engine import ckpt_cache
-from engine.commands import make_checkpoint as make_checkpoint_cmd
+from tools.synth import cache as ckpt_cache
+from tools.synth import cli as make_checkpoint_cmd
 from engine.loader import load_checkpoint
 from nvfp4 import Nvfp4Weight
 from engine.presets import PRESETS, layout, text_config
-from engine.synth import make_checkpoint
+from tools.synth.checkpoint import make_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -129,17 +128,15 @@ def test_cached_checkpoint_builds_once_and_survives_a_race(tmp_path, monkeypatch
 
 
 def test_cli_make_checkpoint(tmp_path):
-    app = typer.Typer()
-    make_checkpoint_cmd.register(app)
-    app.command("noop")(lambda: None)  # two commands: typer keeps subcommand names
+    app = make_checkpoint_cmd.app  # python -m tools.synth
     out = tmp_path / "ck"
-    res = CliRunner().invoke(app, ["make-checkpoint", "--out", str(out), "--naming", "compressed-tensors",
+    res = CliRunner().invoke(app, ["--out", str(out), "--naming", "compressed-tensors",
                                    "--head", "tied", "--seed", "2", "--layers", "1",
                                    "--prefix", "model.language_model."])
     assert res.exit_code == 0, res.output
     ck = load_checkpoint(out)
     assert (ck.naming, ck.head_kind, ck.prefix) == ("compressed-tensors", "tied", "model.language_model.")
-    res = CliRunner().invoke(app, ["make-checkpoint", "--out", str(out)])
+    res = CliRunner().invoke(app, ["--out", str(out)])
     assert res.exit_code == 2 and "exists" in res.output
 
 
@@ -159,7 +156,7 @@ def test_chunked_synthesis_equals_whole_tensor_quantization(monkeypatch):
     """Row chunks (how the 27b preset stays in memory) give the same bytes as quantizing the whole
     drawn weight at once with the reference `nvfp4.quantize`."""
     import nvfp4
-    from engine import synth
+    from tools.synth import checkpoint as synth
     from engine.presets import TensorSpec
     monkeypatch.setattr(synth, "CHUNK_ELEMS", 3 * 256)  # 3 rows per chunk, a ragged last chunk
     spec = TensorSpec("layers.0.mlp.up_proj", (20, 256), "linear", "in")
@@ -178,7 +175,7 @@ def test_chunked_synthesis_equals_whole_tensor_quantization(monkeypatch):
 def test_threads_do_not_change_a_byte(tmp_path, monkeypatch):
     """Chunks drawn and quantized on a pool (small chunks: many per tensor, out of order) give the
     bytes of one thread; a bad thread count is refused by name."""
-    from engine import synth
+    from tools.synth import checkpoint as synth
     monkeypatch.setattr(synth, "CHUNK_ELEMS", 1 << 10)
     outs = {}
     for threads in ("1", "3"):

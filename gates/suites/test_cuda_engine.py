@@ -35,11 +35,11 @@ import pytest
 import torch
 
 from engine.backends import Fp4Gemm, fp4_gemm_for
-from engine.ckpt_cache import cached_checkpoint
 from engine.engine import Engine
 from engine.linear import Nvfp4Linear
 from engine.residency import iter_linears, iter_nvfp4_weights
-from gates.suites.support import ARMS, build_oracle_at, compare_free_running, judge_margins, oracle_logits
+from gates.suites.support import (ARMS, build_oracle_at, cached_checkpoint, compare_free_running, judge_margins,
+                                  oracle_logits)
 from gates.suites.twin import BACKEND, DEVICE, TWIN, allocated_bytes, needs_cuda, release_cached
 
 pytestmark = needs_cuda

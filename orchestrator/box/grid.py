@@ -4,7 +4,7 @@
 Every bench runs the head's own engine in its fresh tree through the tree runner (`TreeCommand`:
 `python -m engine.cli bench`, a process group killed on timeout or cancel), a spec's `attribute` runs
 the same tree's `python -m tools.attribution`, and each cell's checkpoint is resolved by the head's own
-`engine.ckpt_cache` (`Tree.checkpoint`). A grid that cannot run is an infrastructure error of the job
+checkpoint cache (`tools/synth/cache.py`, `Tree.checkpoint`). A grid that cannot run is an infrastructure error of the job
 (no verdict can be drawn from it), never a red gate.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Runs on the box, under its lock, after the build and before the suites, both arm
 --model DIR --backend <box backend> --lm-head {packed,dequant} --json`, each a process group of the
 tree (`tree.Tree.run`, PYTHONPATH = tree first) with a short timeout. DIR is the checkpoint the gate
 measures: the first cell's of the grid when one runs (resolved as the grid runner resolves it, through the
-head's own `engine.ckpt_cache.cached_checkpoint`: `Tree.checkpoint`), else the tiny one. The record keeps one
+head's own `tools.synth.cache.cached_checkpoint`: `Tree.checkpoint`), else the tiny one. The record keeps one
 reading per arm in the shape `orchestrator.report.residency` reads: `engine info`'s `residency`
 (weights, totals, backend, arm, fp4 GEMM) plus the checkpoint and the process memory. Residency is
 evidence, not a gate: anything that fails here is a `not_run` entry with its reason, never an error.

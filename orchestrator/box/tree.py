@@ -44,9 +44,16 @@ KEEPER = Path(__file__).with_name("keeper.py")  # run by path: it imports nothin
 KEEPER_READY_S = 30.0
 Cancelled = Callable[[], bool]
 
-# Run with the tree first on the import path, so the head's own cache (and synthesizer) names the directory.
+# Run with the tree first on the import path, so the head's own cache (and synthesizer) names the directory:
+# tools/synth/cache.py, or engine/ckpt_cache.py in a tree from before synthesis moved beside the engine
+# (a compare's older base).
 RESOLVE = ("import json, sys\n"
-           "from engine.ckpt_cache import cached_checkpoint\n"
+           "try:\n"
+           "    from tools.synth.cache import cached_checkpoint\n"
+           "except ModuleNotFoundError as e:\n"
+           "    if e.name not in ('tools', 'tools.synth', 'tools.synth.cache'):\n"
+           "        raise\n"
+           "    from engine.ckpt_cache import cached_checkpoint\n"
            "print(json.dumps({'path': str(cached_checkpoint(**json.loads(sys.argv[1])))}))\n")
 
 # The environment a head's process gets: an allow-list, never the box's whole environment (which may
@@ -148,7 +155,7 @@ class Tree:
     def jailed_dirs(self) -> dict[str, str]:
         """In a jail HOME stays the real home but read-only (bwrap) or unreadable (the reaper's user), so
         what a head writes goes to the run's scratch: temp files and the compilers' caches. The
-        checkpoint cache (REGATE_CACHE, read by the head's engine.ckpt_cache): under bwrap the box's
+        checkpoint cache (REGATE_CACHE, read by the head's tools/synth/cache.py): under bwrap the box's
         own, bound writable (see `Jail.bound`); under the reaper a directory of this run, so the
         unprivileged user owns nothing outside its scratch (a checkpoint is synthesized once per run)."""
         home = Path(self.scratch, "jail-home")
@@ -222,7 +229,7 @@ class Tree:
 
     def checkpoint(self, params: dict, timeout_s: float) -> str:
         """The checkpoint directory the HEAD's engine names for `params` (synthesized on a cache miss)."""
-        what = f"resolving checkpoint {params} with the head's engine.ckpt_cache"
+        what = f"resolving checkpoint {params} with the head's checkpoint cache"
         path = str(self.run_json(self.py("-c", RESOLVE, json.dumps(params)), timeout_s, what).get("path"))
         if not Path(path, "config.json").is_file():
             raise TreeRunError(f"{what}: {path!r} is not a checkpoint directory")

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from engine.synth import SYNTH_VERSION, make_checkpoint
+from tools.synth.checkpoint import SYNTH_VERSION, make_checkpoint
 
 DEFAULTS = {"preset": "tiny", "naming": "modelopt", "head": "nvfp4", "seed": 0, "layers": None,
             "quant_config": "legacy", "prefix": "model.", "max_shard_bytes": 2 * 1024**3}

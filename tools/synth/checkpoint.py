@@ -35,7 +35,7 @@ import torch
 import nvfp4
 from engine.nvfp4_fast import quantize_fast
 from engine.presets import TensorSpec, get_preset, layout, text_config
-from engine.synth_files import plan_shards, write_checkpoint_files
+from tools.synth.files import plan_shards, write_checkpoint_files
 
 SYNTH_VERSION = 1
 LOGIT_STD = 4.0

@@ -1,4 +1,5 @@
-"""`engine make-checkpoint`: write a synthetic Qwen3.5/3.6 NVFP4 checkpoint (see engine.synth)."""
+"""`python -m tools.synth --out DIR`: write a synthetic Qwen3.5/3.6 NVFP4 checkpoint (tools/synth/checkpoint.py;
+it was `engine make-checkpoint`)."""
 from __future__ import annotations
 
 import time
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from engine.synth import make_checkpoint
+from tools.synth.checkpoint import make_checkpoint
 
 
 def make_checkpoint_cmd(
@@ -31,5 +32,5 @@ def make_checkpoint_cmd(
     typer.echo(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("make-checkpoint", help="Write a synthetic NVFP4 checkpoint.")(make_checkpoint_cmd)
+app = typer.Typer(add_completion=False, help="Write a synthetic NVFP4 checkpoint.")
+app.command()(make_checkpoint_cmd)
