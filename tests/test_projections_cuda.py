@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from nvfp4 import Nvfp4Weight, quantize
-from kernels.policy import KernelPolicy
 from kernels.nvfp4_gemm import matmul, matmul_merged, merge, prepare, reference_gemm, relative_error, tile_available
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not tile_available()[0], reason=f"tile GEMM: {tile_available()[1]}")]
