@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import torch
 
-from engine import ablate
 from engine import residency as _residency
 from engine.backends import compute_dtype, device_for
 from engine.errors import CapacityError
@@ -48,22 +47,23 @@ class Engine:
                  max_num_seqs: int = 16, block_size: int = 16, max_model_len: int | None = None,
                  num_blocks: int | None = None, max_num_batched_tokens: int | None = None, top_k: int = 5,
                  cuda_graphs: bool | None = None, block_order: list[int] | None = None,
-                 allow_ablation: bool = False, options: EngineOptions | None = None):
+                 options: EngineOptions | None = None, substitute=None):
         """`options`: every switch of the engine and its kernels (engine/options.py; None: the defaults).
-        `allow_ablation`: build the engine the option `ablate` asks for (engine/ablate.py: wrong tokens,
-        timings only); without it an engine refuses to start while the option names a part."""
+        `substitute`: the timing tools' hook (tools/ablation): called as substitute(part, real) for
+        each of build.SUBSTITUTABLE (the tower's and the head's fp4 GEMM, the fused decode kernels), it
+        returns what the model calls in its place. Such an engine computes wrong tokens; its
+        `substituted` (str(substitute)) says so in every record that times it; None: the real engine."""
         from engine.loader import load_checkpoint  # the checkpoint loader owns every input check
 
         if lm_head not in HEAD_ARMS:
             raise ValueError(f"lm_head {lm_head!r}: expected one of {HEAD_ARMS}")
         self.options = options if options is not None else EngineOptions()
-        self.ablation = ablate.parse(self.options.ablate)  # {part: mode}; {} for the real engine
-        ablate.check_allowed(self.ablation, allow_ablation)
+        self.substituted = None if substitute is None else str(substitute)
         self.backend, self.lm_head_arm, self.top_k = backend, lm_head, top_k
         self.device = device_for(backend)
         ckpt = load_checkpoint(Path(model_dir), w4a4=self.options.nvfp4_w4a4)
         self.naming, self.head_kind = ckpt.naming, ckpt.head_kind
-        self.model = build_model(ckpt, backend, lm_head, self.ablation, self.options)
+        self.model = build_model(ckpt, backend, lm_head, self.options, substitute)
         self.config = ckpt.config
         del ckpt  # the model holds what it needs; the rest may go
         self.memory = {"after_load": memory_snapshot(self.device)}

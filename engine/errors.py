@@ -9,7 +9,3 @@ class CheckpointError(Exception):
 class CapacityError(Exception):
     """A request that cannot fit the KV cache / state slots, however long it waits."""
 
-
-class AblationError(ValueError):
-    """The option ablate names something unknown, or an ablated engine was asked for where tokens or
-    numbers must be real (engine/ablate.py)."""

@@ -35,7 +35,6 @@ class EngineOptions:
     prefill_graphs: int = 8  # prefill shapes that may hold a CUDA graph (0: none; engine/prefill_graphs.py)
     prefill_bucket: int = 0  # pad a prefill's tokens up to a multiple of this (0: no padding)
     prefill_warm: tuple[int, ...] = ()  # prompt lengths whose batch-1 bucket is captured up front
-    ablate: str = ""  # engine/ablate.py's parts, "norm+tower:read" (timing only; "" the real engine)
     kernels: KernelPolicy = field(default_factory=KernelPolicy)
 
     def __post_init__(self):
@@ -44,10 +43,6 @@ class EngineOptions:
                 raise ValueError(f"option {name}: expected a count >= 0, found {getattr(self, name)!r}")
         if not all(n > 0 for n in self.prefill_warm):
             raise ValueError(f"option prefill_warm: expected prompt lengths > 0, found {list(self.prefill_warm)}")
-        if self.ablate:
-            from engine import ablate  # torch: only where an ablation is named
-
-            object.__setattr__(self, "ablate", ablate.label(ablate.parse(self.ablate)))  # canonical text
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "EngineOptions":
@@ -119,10 +114,6 @@ def _coerce(key: str, kind, value):
         if not isinstance(items, (list, tuple)):
             raise ValueError(f"option {key}: expected a list of integers (\"128,256\"), found {value!r}")
         return tuple(_integer(key, p, "a list of integers (\"128,256\")") for p in items)
-    if kind is str:
-        if not isinstance(value, str):
-            raise ValueError(f"option {key}: expected a string, found {value!r}")
-        return value.strip()
     raise TypeError(f"option {key}: no parser for its type {kind!r}")
 
 

@@ -85,8 +85,8 @@ def parse_bench(stdout: str, where: str, stderr: str = "") -> dict:
         raise GridError(f"{where}: bench JSON schema_version: expected {BENCH_SCHEMA_VERSION}, "
                         f"found {record.get('schema_version')!r}")
     if record.get("ablated"):
-        raise GridError(f"{where}: the bench ran an ablated engine (option ablate={record['ablated']}: "
-                        "engine/ablate.py), which computes wrong tokens for timing only; a grid never takes its number")
+        raise GridError(f"{where}: the bench ran an ablated engine ({record['ablated']}: tools/ablation), "
+                        "which computes wrong tokens for timing only; a grid never takes its number")
     params = record.get("params") or {}
     if params.get("backend") == "cuda" and params.get("lm_head") == "packed" and params.get("head_fp4_gemm") is not True:
         raise GridError(f"{where}: the packed arm's head did not run on the fp4 GEMM (head_fp4_gemm "

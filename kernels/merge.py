@@ -70,11 +70,9 @@ def merge(ws: list[Nvfp4Weight]) -> MergedOperand | None:
     return MergedOperand(merged, row_scale, tuple(op.n for op in ops), tuple(w.name for w in ws))
 
 
-def matmul_merged(x: torch.Tensor, m: MergedOperand, ablate: str | None = None,
-                  policy: KernelPolicy = DEFAULT) -> torch.Tensor:
-    """x bf16 [M, K] -> bf16 [M, sum(sizes)]: the members' outputs side by side. `ablate`: tile_gemm's."""
+def matmul_merged(x: torch.Tensor, m: MergedOperand, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+    """x bf16 [M, K] -> bf16 [M, sum(sizes)]: the members' outputs side by side."""
     from kernels import tile_gemm
     from kernels.triton_gemm import sm_count
 
-    return tile_gemm.tile_gemm(x, m.op, 1.0, sms=sm_count(x.device), row_scale=m.row_scale, ablate=ablate,
-                              policy=policy)
+    return tile_gemm.tile_gemm(x, m.op, 1.0, sms=sm_count(x.device), row_scale=m.row_scale, policy=policy)

@@ -87,38 +87,28 @@ def prepare(w: Nvfp4Weight, policy: KernelPolicy = DEFAULT) -> None:
         w.release_checkpoint_layout()  # the operand holds the same bytes: keep them once
 
 
-def matmul(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
-    """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N]). `ablate`: timing only (tile_gemm's)."""
+def matmul(x: torch.Tensor, w: Nvfp4Weight, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+    """x bf16 [M, K] (or [..., K]) -> bf16 [M, N] (or [..., N])."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     from kernels import tile_gemm
 
     if w.kernel_operand is not None:  # every M; the checkpoint layout is released
-        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), ablate=ablate,
-                                policy=policy)
-    elif ablate is not None:  # the checkpoint layout's bytes, as tile_gemm's ablation reads an operand's
-        y = _ablated_triton(x2, w, ablate)
+        y = tile_gemm.tile_gemm(x2, w.kernel_operand, w.global_scale, sms=sm_count(x.device), policy=policy)
     else:
         y = nvfp4_gemm(x2, w.packed, w.block_scale, w.global_scale, name=w.name)
     return y.reshape(*lead, w.out_features)
 
 
-def _ablated_triton(x: torch.Tensor, w: Nvfp4Weight, mode: str) -> torch.Tensor:
-    from kernels.tile_gemm import ablated_launch
-
-    ablated_launch(mode, w.packed, w.block_scale, w.name)
-    return torch.empty(x.shape[0], w.out_features, dtype=torch.bfloat16, device=x.device)
-
-
-def matmul_split(x: torch.Tensor, w: Nvfp4Weight, ablate: str | None = None, policy: KernelPolicy = DEFAULT):
+def matmul_split(x: torch.Tensor, w: Nvfp4Weight, policy: KernelPolicy = DEFAULT):
     """x bf16 [M, K] -> bf16 [M, N], or, where the tile GEMM splits K, its unsummed partials
     (kernels.tile_gemm.SplitSum) for a consumer that sums them as it reads them (add_rms_norm)."""
     from kernels import tile_gemm
 
     if w.kernel_operand is None or x.dim() != 2:
-        return matmul(x, w, ablate, policy)
+        return matmul(x, w, policy)
     return tile_gemm.tile_gemm(x, w.kernel_operand, w.global_scale, sms=sm_count(x.device), defer_sum=True,
-                               ablate=ablate, policy=policy)
+                               policy=policy)
 
 
 def merge(ws: list[Nvfp4Weight], policy: KernelPolicy = DEFAULT):
@@ -132,11 +122,11 @@ def merge(ws: list[Nvfp4Weight], policy: KernelPolicy = DEFAULT):
     return m
 
 
-def matmul_merged(x: torch.Tensor, m, ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
+def matmul_merged(x: torch.Tensor, m, policy: KernelPolicy = DEFAULT) -> torch.Tensor:
     """x bf16 [M, K] -> bf16 [M, sum of the members' N], the members' outputs side by side."""
     from kernels import merge as merging
 
-    return merging.matmul_merged(x, m, ablate, policy)
+    return merging.matmul_merged(x, m, policy)
 
 
 def _warm_tile(op, row_scale=None, policy: KernelPolicy = DEFAULT) -> None:

@@ -1,9 +1,9 @@
 """A plain streaming read of N bytes (Triton): what reading them once costs, and nothing else.
 
 Two users: tools/tune/read_floor.py times it against the tile GEMM at each decode shape (is the
-GEMM's time its bytes' or its own?), and the engine's ablation `--option ablate=tower:read` (engine/
-ablate.py) launches it in each GEMM's place, so a decode step runs as if every GEMM read its weights
-at plain-read speed and did nothing else.
+GEMM's time its bytes' or its own?), and the ablation `python -m tools.ablation --ablate tower:read`
+(tools/ablation/gemm.py) launches it in each GEMM's place, so a decode step runs as if every GEMM read
+its weights at plain-read speed and did nothing else.
 
 Each program XORs its slice of int32 words, every load issued before the first use, and stores one
 word (so the loads are not dead). `read_pair` reads two buffers in one launch: a tile operand's words

@@ -69,6 +69,16 @@ def groups_per_split(m: int, n_main: int, k: int, cfg: Config, sms: int, waves: 
     return -(-groups // want)
 
 
+def splits(m: int, op: TileOperand, sms: int, policy: KernelPolicy = DEFAULT) -> int:
+    """The K splits `tile_gemm` (without a config) runs x [m, K] @ op in: 1 none, more a split launch
+    whose partials a reduce kernel or the consumer (SplitSum) sums; 0 where M runs as dequantize +
+    cuBLAS. For the timing tools (tools/ablation), which launch in a GEMM's place what it would."""
+    if table.dequant_from(m, op.n, op.k, policy):
+        return 0
+    gps = groups_per_split(m, op.n_main, op.k, table.tile_config(m, op.n, op.k, policy), sms, policy.split_waves)
+    return -(-(op.k // K_GROUP) // gps)
+
+
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled extension module (compiles on first use; raises if nvcc or ninja fails)."""
@@ -131,16 +141,14 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
               config: Config | None = None,
               out: torch.Tensor | None = None, sms: int = 132,
               row_scale: torch.Tensor | None = None, defer_sum: bool = False,
-              ablate: str | None = None, policy: KernelPolicy = DEFAULT) -> torch.Tensor | SplitSum:
+              policy: KernelPolicy = DEFAULT) -> torch.Tensor | SplitSum:
     """y bf16 [M, N] = x [M, K] @ dequant(W)^T from a TileOperand; the N % 16 tail rows go through
     the Triton kernel on their checkpoint layout. `row_scale` (FP32 [N], each row's global scale
     times OUT_SHIFT) replaces `global_scale` for an operand of several weights (kernels/merge.py);
     such an operand has no tail rows. `defer_sum`: where K is split (and the operand has one global
     scale and no tail rows), return the unsummed partials as a SplitSum instead of y. Without a
     `config`, an M at or past `table.dequant_from`'s runs as dequantize + cuBLAS (kernels/tile_dequant.py).
-    `ablate` (engine/ablate.py, timing only): "free" launches nothing, "empty" one kernel that does
-    nothing, "read" only a plain read of the operand's bytes (kernels/plain_read.py); the output (y or
-    the SplitSum) is allocated as for the GEMM and left unwritten. `policy`: the engine's kernel options."""
+    `policy`: the engine's kernel options."""
     m, k = x.shape
     if k != op.k:
         raise ValueError(f"tile_gemm: x has K={k}, the operand K={op.k}")
@@ -150,8 +158,6 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
         raise ValueError(f"tile_gemm: a row_scale operand must have no tail rows, found N={op.n}")
     y = out if out is not None else torch.empty(m, op.n, dtype=torch.bfloat16, device=x.device)
     if config is None and table.dequant_from(m, op.n, k, policy):  # prefill-sized M: dequantize + cuBLAS
-        if ablate is not None:
-            return _ablated(op, ablate, y)
         from kernels.tile_dequant import dequant_gemm  # Triton: imported where it is used
 
         dequant_gemm(x, op, global_scale, row_scale, y)
@@ -162,9 +168,6 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     partial = torch.empty(splits, m, y.stride(0), dtype=torch.float32, device=x.device) if splits > 1 else None
     out_scale = float(global_scale) * OUT_SHIFT
     defer = defer_sum and splits > 1 and row_scale is None and op.n == op.n_main and out is None
-    if ablate is not None:  # a split launch not left to its consumer is two launches: the GEMM, its reduce
-        launches = 2 if splits > 1 and not defer else 1
-        return _ablated(op, ablate, SplitSum(partial, op.n, out_scale) if defer else y, launches)
     if isinstance(cfg, WgmmaConfig):
         extension().wgmma_gemm_out(x, op.words, op.codes, y, partial, out_scale, cfg.block_m, cfg.warpgroups,
                                    cfg.row_blocks, gps, row_scale, defer)
@@ -175,30 +178,6 @@ def tile_gemm(x: torch.Tensor, op: TileOperand, global_scale: float, *,
     if defer:
         return SplitSum(partial, op.n, out_scale)
     return _tail(x, op, global_scale, y)
-
-
-ABLATE_MODES = ("free", "empty", "read")
-
-
-def _ablated(op: TileOperand, mode: str, result, launches: int = 1):
-    """`result` as the GEMM would return it, unwritten: after no launch ("free"), a launch that does
-    nothing in each of its `launches` places ("empty"), or one plain read of the operand's words and
-    scale codes ("read"; its N % 16 tail rows, which no decode shape of the 27B has, are not read)."""
-    ablated_launch(mode, op.words, op.codes, "tile_gemm", launches)
-    return result
-
-
-def ablated_launch(mode: str, words: torch.Tensor, codes: torch.Tensor, what: str, launches: int = 1) -> None:
-    """What an ablated GEMM launches in its place (engine/ablate.py's modes) over its operand's bytes."""
-    if mode not in ABLATE_MODES:
-        raise ValueError(f"{what}: ablate={mode!r}, expected one of {ABLATE_MODES}")
-    from kernels import plain_read  # Triton: imported where it is used
-
-    if mode == "read":
-        plain_read.read_pair(words, codes)
-    elif mode == "empty":
-        for _ in range(launches):
-            plain_read.empty_launch(words.device)
 
 
 def _tail(x: torch.Tensor, op: TileOperand, global_scale: float, y: torch.Tensor) -> torch.Tensor:

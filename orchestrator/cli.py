@@ -9,13 +9,12 @@ after every option, `<bool>` after each flag and after --help itself, with no wa
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from importlib.metadata import PackageNotFoundError, version as dist_version
 
 import typer
 
-from orchestrator.errors import error_line, fail
+from orchestrator.errors import error_line
 
 COMMANDS = (
     "orchestrator.commands.gate",  # orchestrator gate
@@ -48,20 +47,10 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-# The commands that build engines to gate or measure them. With REGATE_ABLATE set (engine/ablate.py:
-# an engine with parts removed, wrong tokens, for timing only) each would fail deep inside a suite or
-# a bench; they refuse at once instead, naming the variable.
-MEASURING = ("gate", "compare", "bisect", "grid", "mutate", "serve")
-
-
 @app.callback()
-def _root(ctx: typer.Context,
-          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="print regate's version and exit")) -> None:
-    ablation = os.environ.get("REGATE_ABLATE", "").strip()
-    if ablation and ctx.invoked_subcommand in MEASURING:
-        fail(f"REGATE_ABLATE={ablation} is set: it builds engines with parts removed (wrong tokens, timing only; "
-             f"engine/ablate.py), which `orchestrator {ctx.invoked_subcommand}` never gates or measures. Unset it")
+    pass
 
 
 def _register_all() -> None:

@@ -50,13 +50,13 @@
 #            $AB_METRIC (decode, the default, or prefill tok/s: grids/metric.py); each grid's JSON under $OUT/ab-<n>.json.
 #            A dry run on a CPU machine: NO_WHEELS=1 PY=$PWD/.venv/bin/python AB_BACKEND=cpu AB_PRESET=tiny AB_BATCHES=1
 #            AB_TESTS=none AB_VARIANTS="merge_projections=1 merge_projections=0" bash scripts/device_gate.sh bundle ab
-#   ablate   the engine with parts removed (engine/ablate.py; timing only, so never a grid: a grid refuses an
+#   ablate   the engine with parts removed (tools/ablation; timing only, so never a grid: a grid refuses an
 #            ablated bench): the ablation's GPU tests ($ABLATE_TESTS; none skips them), then `engine bench` of the
-#            real engine (ablate= empty) and of one variant ablate=<item> per item of $ABLATE (default "norm
+#            real engine and `python -m tools.ablation --ablate <item>` per item of $ABLATE (default "norm
 #            norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention": the step without
 #            that part, with an empty launch in each of its launches' places (:empty) or, for a GEMM part's :read, a
 #            plain read of its bytes), interleaved, $AB_LEGS times (default 1), at each batch of $AB_BATCHES on the 27b
-#            shape cut to $AB_LAYERS layers; then scripts/ablation_table.py: what each item saves the step, and a
+#            shape cut to $AB_LAYERS layers; then `python -m tools.ablation.table`: what each item saves the step, and a
 #            part's link apart from its work
 #   kernels  scripts/decode_kernels.py (a decode step's kernels: count, device time, gaps) on the 27b shape
 #            cut to $KERNELS_LAYERS (default 64) layers at each batch of $KERNELS_BATCHES (default "1"); $KERNELS_ARGS
@@ -324,7 +324,7 @@ ckpt_27b() { PYTHONPATH=$PWD $PY -c "from tools.synth.cache import cached_checkp
 ab_spec() {  # the two-arm grid spec of `ab` (JSON, which YAML reads): options $1 against options $2
   $PY - "$1" "$2" <<'PY'
 import json, os, sys
-def options(variant):  # "k=v,k2=v2" -> {k: v}; "ablate=" keeps its empty value
+def options(variant):  # "k=v,k2=v2" -> {k: v}
     return dict(p.split("=", 1) for p in variant.split(",") if "=" in p)
 first, variant = sys.argv[1], sys.argv[2]
 legs, preset = int(os.environ.get("AB_LEGS", "3")), os.environ.get("AB_PRESET", "27b")
@@ -360,15 +360,15 @@ stage_ab() {
 
 stage_ablate() {
   [ "${ABLATE_TESTS:-}" = none ] || PYTHONPATH=$PWD timeout "${AB_TEST_S:-240}" $PY -m pytest -q -p no:cacheprovider \
-    ${ABLATE_TESTS:-tests/test_ablate_cuda.py tests/test_ablate_gemm.py} 2>&1 | tail -15
-  local L=${AB_LAYERS:-64} B V ck tag leg f variants="ablate=" item
-  for item in ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do
-    variants="$variants ablate=$item"
-  done
+    ${ABLATE_TESTS:-tests/test_ablation_cuda.py tests/test_ablation_gemm.py} 2>&1 | tail -15
+  local L=${AB_LAYERS:-64} B V ck tag leg f cmd
   ck=$(ckpt_27b "$L")
-  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do for V in $variants; do
+  for leg in $(seq 1 "${AB_LEGS:-1}"); do for B in ${AB_BATCHES:-1 16}; do
+    for V in real ${ABLATE:-norm norm:empty tower tower:empty tower:read tower:read+lm_head:read delta_rule attention}; do
     tag=$(echo "$V" | tr ',=:+' '_-__'); f="/tmp/ablate-bench-${L}L-b$B-$tag-leg$leg"
-    PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY -m engine.cli bench --model "$ck" --backend cuda --option "$V" \
+    # the real engine's `engine bench`, each ablation's `python -m tools.ablation` (the same record)
+    if [ "$V" = real ]; then cmd=(-m engine.cli bench); else cmd=(-m tools.ablation --ablate "$V"); fi
+    PYTHONPATH=$PWD timeout "${AB_BENCH_S:-120}" $PY "${cmd[@]}" --model "$ck" --backend cuda \
       --lm-head packed --batch "$B" --prompt-len 128 --gen-len 64 --iters 3 --json 2>"$f.err" | tail -1 > "$f.json"
     $PY -c "
 import json; r = json.load(open('$f.json')); p = r['params']
@@ -376,7 +376,7 @@ open('$OUT/ablation-benches.jsonl', 'a').write(json.dumps({'layers': $L, 'varian
 print('27b-${L}L leg $leg batch', p['batch'], '$V', round(r['ms_per_step'], 3), 'ms/step')" 2>/dev/null \
       || { echo "bench b$B $V leg $leg failed:"; tail -n 5 "$f.err"; }
   done; done; done
-  [ -s "$OUT/ablation-benches.jsonl" ] && $PY scripts/ablation_table.py "$OUT/ablation-benches.jsonl" | tee "$OUT/ablation.txt" \
+  [ -s "$OUT/ablation-benches.jsonl" ] && PYTHONPATH=$PWD $PY -m tools.ablation.table "$OUT/ablation-benches.jsonl" | tee "$OUT/ablation.txt" \
     | head -n -1
 }
 

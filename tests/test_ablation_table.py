@@ -1,16 +1,11 @@
-"""scripts/ablation_table.py: what each ablated part saves the step, and a part's link apart from its work."""
+"""tools/ablation/table.py: what each ablated part saves the step, and a part's link apart from its work."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ablation_table.py"
-spec = importlib.util.spec_from_file_location("ablation_table", SCRIPT)
-ablation_table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ablation_table)
+from tools.ablation import table as ablation_table
 
 
 def _line(ablated: str | None, leg: int, batch: int, ms: float) -> str:

@@ -92,11 +92,19 @@ def test_no_import_cycle(package):
     assert not found, f"import cycles through {package}/: {found}"
 
 
-def test_the_tools_hold_the_tuning_attribution_and_synthesis_code():
+def test_the_tools_hold_the_tuning_attribution_synthesis_and_ablation_code():
     modules = graph()
     assert any(m.startswith("tools.tune.") for m in modules), "tools/tune/ holds the tuning code"
     assert "tools.attribution.measure" in modules and not any(m.startswith("engine.attribution") for m in modules)
     assert "tools.synth.cache" in modules and not any(m in ("engine.synth", "engine.ckpt_cache") for m in modules)
+    assert "tools.ablation.parts" in modules and "engine.ablate" not in modules
+    # the engine's one hook for it is the Engine's `substitute`: no kernel or engine call takes an ablation
+    def params(names: tuple[str, ...]) -> list[str]:
+        return [f"{path.relative_to(ROOT)}:{fn.name}" for pkg in ("engine", "kernels") for path in (ROOT / pkg).rglob("*.py")
+                for fn in ast.walk(ast.parse(path.read_text())) if isinstance(fn, ast.FunctionDef)
+                and any(a.arg in names for a in fn.args.args + fn.args.kwonlyargs)]
+    assert "kernels/tile_gemm.py:tile_gemm" in params(("policy",))  # the scan sees the kernels' parameters
+    assert params(("ablate", "ablation", "allow_ablation")) == []
 
 
 # Package floors: what may import what. The box side (orchestrator/box/) never imports the driver side
@@ -110,10 +118,10 @@ FLOORS = [("orchestrator.box", "orchestrator.driver"), ("gates", "orchestrator")
           ("orchestrator", "engine"), ("orchestrator", "kernels"), ("grids", "engine"), ("grids", "kernels"),
           # the NVFP4 format (nvfp4/) is the floor engine and kernels stand on; kernels never reach up into engine
           ("nvfp4", "engine"), ("nvfp4", "kernels"), ("kernels", "engine"),
-          # tools (tools/: tuning, attribution, synthesis) stand beside the engine core: they import it, nothing
+          # tools (tools/: tuning, attribution, synthesis, ablation) stand beside the engine core: they import it, nothing
           # of the product imports them, but for the suites' checkpoints (gates -> tools.synth: a judge's fixtures)
           *[(p, "tools") for p in ("engine", "kernels", "nvfp4", "grids", "orchestrator")],
-          ("gates", "tools.tune"), ("gates", "tools.attribution")]
+          ("gates", "tools.tune"), ("gates", "tools.attribution"), ("gates", "tools.ablation")]
 
 
 def crossings(g: dict[str, set[str]], lower: str, upper: str) -> dict[str, list[str]]:

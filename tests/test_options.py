@@ -12,7 +12,7 @@ from kernels.policy import KernelPolicy
 
 # The defaults the REGATE_* variables had (unset) before they became options: a change here changes
 # what a default engine runs, so it must be deliberate.
-BEFORE = {"ablate": "", "delta_target": 1024,
+BEFORE = {"delta_target": 1024,
           "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True,
           "merge_projections": True, "nvfp4_w4a4": False,
           "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
@@ -37,17 +37,16 @@ def test_every_kernel_defaults_to_the_policy_the_engine_passes():
 
 
 def test_parse_and_from_mapping_agree_and_canonicalize():
-    a = EngineOptions.parse(["merge_projections=off", "split_waves=4", "prefill_warm=128,256", "ablate=norm:free+tower"])
-    b = EngineOptions.from_mapping({"merge_projections": False, "split_waves": 4, "prefill_warm": [128, 256],
-                                    "ablate": "norm+tower"})
+    a = EngineOptions.parse(["merge_projections=off", "split_waves=4", "prefill_warm=128,256"])
+    b = EngineOptions.from_mapping({"merge_projections": False, "split_waves": 4, "prefill_warm": [128, 256]})
     assert a == b and a.digest() == b.digest() != EngineOptions().digest()
-    assert a.changed() == {"ablate": "norm+tower", "merge_projections": False, "prefill_warm": [128, 256], "split_waves": 4}
+    assert a.changed() == {"merge_projections": False, "prefill_warm": [128, 256], "split_waves": 4}
     assert EngineOptions.parse("dequant_min_m=none") == EngineOptions()
     assert EngineOptions.parse("dequant_min_m=0").kernels.dequant_min_m == 0
 
 
 @pytest.mark.parametrize("pairs, match", [
-    (["warp_speed=1"], "option warp_speed: unknown; expected one of ablate, "),
+    (["warp_speed=1"], "option warp_speed: unknown; expected one of delta_target, "),
     (["split_waves"], "option 'split_waves': expected KEY=VALUE"),
     (["tile_by_shape=1", "tile_by_shape=0"], "option tile_by_shape: given twice"),
     (["pdl=0"], "option pdl: unknown; expected one of "),  # always on since 2026-12-07
@@ -63,7 +62,7 @@ def test_parse_and_from_mapping_agree_and_canonicalize():
     (["delta_target=0"], "option delta_target: expected a positive number of programs, found 0"),
     (["dequant_min_m=-2"], "option dequant_min_m: expected None or an M >= 0, found -2"),
     (["prefill_warm=0"], r"option prefill_warm: expected prompt lengths > 0, found \[0\]"),
-    (["ablate=bogus"], "option ablate: unknown part 'bogus'"),
+    (["ablate=norm"], "option ablate: unknown; expected one of "),  # tools/ablation's --ablate since 2026-12-07
 ])
 def test_bad_input_names_the_field_and_what_it_takes(pairs, match):
     with pytest.raises(ValueError, match=match):
@@ -73,8 +72,6 @@ def test_bad_input_names_the_field_and_what_it_takes(pairs, match):
 def test_from_mapping_refuses_a_wrong_type():
     with pytest.raises(ValueError, match=r"option split_waves: expected an integer, found \[2\]"):
         EngineOptions.from_mapping({"split_waves": [2]})
-    with pytest.raises(ValueError, match="option ablate: expected a string, found 1"):
-        EngineOptions.from_mapping({"ablate": 1})
     with pytest.raises(ValueError, match="option tile_by_shape: expected a boolean"):
         EngineOptions.from_mapping({"tile_by_shape": 2})
 

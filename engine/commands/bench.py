@@ -101,8 +101,9 @@ def since_process_start() -> float | None:
 
 
 def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: int, gen_len: int, iters: int,
-              warmup: int, seed: int, one_off: bool = False, options=None) -> dict:
-    """`options`: EngineOptions (None: the defaults); the record carries them, flat, as "options"."""
+              warmup: int, seed: int, one_off: bool = False, options=None, substitute=None) -> dict:
+    """`options`: EngineOptions (None: the defaults); the record carries them, flat, as "options".
+    `substitute`: the Engine's timing hook (tools/ablation); the record names it as "ablated"."""
     started, t = since_process_start(), time.perf_counter()
     phases: dict[str, float | None] = {"start": None if started is None else round(started, 3)}
 
@@ -113,7 +114,6 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
 
     import torch
 
-    from engine import ablate
     from engine.backends import fp4_gemm_status
     from engine.engine import Engine
     from engine.floor import decode_floor_bytes, read_bandwidth
@@ -128,7 +128,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         raise ValueError(f"--one-off-prompts shortens each run's prompts by a token: prompt-len {prompt_len} must "
                          f"be >= warmup + iters = {warmup + iters}")
     eng = Engine(model, backend=backend, lm_head=lm_head, max_num_seqs=max(batch, 1),
-                 max_model_len=prompt_len + gen_len, allow_ablation=True, options=options)  # an ablated record says so
+                 max_model_len=prompt_len + gen_len, options=options, substitute=substitute)
     lap("load")
     has_gemm, why = fp4_gemm_status(backend, eng.options.fp4_gemm)
     on_gemm = head_on_fp4_gemm(eng.model)
@@ -164,7 +164,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
         "bytes_per_decode_step": step_bytes, "achieved_gb_s": step_bytes / (ms_step / 1000) / 1e9,
         "floor": floor,
         "phases_s": phases,
-        "ablated": ablate.label(eng.ablation) or None,  # engine/ablate.py: timing only, its tokens are wrong
+        "ablated": eng.substituted,  # tools/ablation: timing only, its tokens are wrong (a grid refuses it)
         "options": eng.options.to_json(),  # every engine and kernel switch this leg ran under (engine/options.py)
         "params": {"model": str(model), "backend": backend, "lm_head": lm_head, "batch": batch,
                    "prompt_len": prompt_len, "gen_len": gen_len, "iters": iters, "warmup": warmup, "seed": seed,
@@ -180,7 +180,7 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
 def print_table(r: dict, out) -> None:
     p = r["params"]
     if r.get("ablated"):
-        print(f"ABLATED (option ablate={r['ablated']}): timing only, the tokens are wrong", file=out)
+        print(f"ABLATED ({r['ablated']}): timing only, the tokens are wrong", file=out)
     print(f"bench {p['backend']}/{p['lm_head']}  batch {p['batch']}  prompt {p['prompt_len']}  gen {p['gen_len']}",
           file=out)
     for i, v in enumerate(r["decode_tok_s_iters"]):

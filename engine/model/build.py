@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from engine import ablate
 from engine.backends import compute_dtype, device_for, fp4_gemm_for
-from engine.errors import AblationError, CheckpointError
+from engine.errors import CheckpointError
 from engine.fused import fused_kernels
-from engine.linear import DenseLinear, Nvfp4Linear, load_head, load_tower_linear, prepare_linear
+from engine.linear import DenseLinear, load_head, load_tower_linear, prepare_linear
 from engine.model.attention import GatedAttention
 from engine.model.config import FULL_ATTENTION, ModelConfig
 from engine.model.gated_deltanet import GatedDeltaNet
@@ -23,16 +22,25 @@ from engine.model.rope import Rope
 from engine.options import DEFAULT, EngineOptions
 
 
+# What a timing tool may put in place of the real thing (Engine's `substitute`): the fp4 GEMM as the
+# tower calls it and as the head does (engine/backends.Fp4Gemm or None), the fused decode kernels
+# (engine/fused.py's namespace or None).
+SUBSTITUTABLE = ("tower", "lm_head", "fused")
+
+
+def _real(part: str, real):
+    return real
+
+
 class _Builder:
-    def __init__(self, ckpt, backend: str, ablation: dict[str, str], options: EngineOptions):
+    def __init__(self, ckpt, backend: str, options: EngineOptions, substitute=None):
         self.ckpt, self.cfg = ckpt, ModelConfig.from_dict(ckpt.config)
         self.device, self.dtype = device_for(backend), compute_dtype(backend)
-        # engine/ablate.py: the tower's and the head's GEMM launches, and the fused kernels, as the
-        # ablation (timing only) asks; the real ones where it names nothing.
-        real = fp4_gemm_for(backend, options.kernels) if options.fp4_gemm else None
-        self.gemm, self.head_gemm = ablate.gemm(real, ablation, "tower"), ablate.gemm(real, ablation, "lm_head")
+        sub = substitute or _real
+        gemm = fp4_gemm_for(backend, options.kernels) if options.fp4_gemm else None
+        self.gemm, self.head_gemm = sub("tower", gemm), sub("lm_head", gemm)
         self.w4a4 = bool(getattr(ckpt, "w4a4", False)) or options.nvfp4_w4a4
-        self.fused = ablate.fused(fused_kernels(self.device, options), ablation)
+        self.fused = sub("fused", fused_kernels(self.device, options))
 
     def linear(self, name: str, into_norm: bool = False):
         """`into_norm`: the output goes straight into the fused residual add + RMSNorm, which may
@@ -87,11 +95,11 @@ class _Builder:
         return load_head(self.ckpt.linears["lm_head"].to(self.device), arm, self.head_gemm).to(self.device)
 
 
-def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | None = None,
-                options: EngineOptions = DEFAULT) -> Qwen3_5Model:
-    """`ablation`: engine/ablate.py's {part: mode} (the Engine checks it may build one); `options`:
-    the engine's switches (engine/options.py), passed down to the fused kernels and the fp4 GEMM."""
-    b, c = _Builder(ckpt, backend, ablation or {}, options), ModelConfig.from_dict(ckpt.config)
+def build_model(ckpt, backend: str, lm_head: str, options: EngineOptions = DEFAULT,
+                substitute=None) -> Qwen3_5Model:
+    """`options`: the engine's switches (engine/options.py), passed down to the fused kernels and the
+    fp4 GEMM; `substitute`: the Engine's timing hook (SUBSTITUTABLE), None for the real model."""
+    b, c = _Builder(ckpt, backend, options, substitute), ModelConfig.from_dict(ckpt.config)
     embed = b.tensor("embed_tokens.weight", ckpt.tensors.get("embed_tokens.weight", torch.empty(0)).dtype)
     counters = {"full_attention": 0, "linear_attention": 0}
     layers = []
@@ -100,9 +108,6 @@ def build_model(ckpt, backend: str, lm_head: str, ablation: dict[str, str] | Non
         counters[kind] += 1
     rope = Rope(c.head_dim, c.partial_rotary_factor, c.rope_theta, b.device)
     head = b.head(lm_head, embed)
-    if ablation and "lm_head" in ablation and not (isinstance(head, Nvfp4Linear) and head.gemm is not None):
-        raise AblationError(f"{ablate.NAME}={ablate.label(ablation)}: the {lm_head} arm's head does not run on the "
-                            "fp4 GEMM here, so there is no launch of it to ablate")
     return Qwen3_5Model(c, embed, layers, b.norm("norm.weight"), head, rope, b.dtype, fused=b.fused)
 
 

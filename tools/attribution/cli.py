@@ -59,7 +59,6 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
     """`options`: EngineOptions for every arm's engine (None: the defaults); the record carries them."""
     import torch
 
-    from engine import ablate
     from tools.attribution.measure import attribute_arm
     from engine.floor import read_bandwidth
     from engine.backends import device_for, fp4_gemm_status
@@ -73,9 +72,7 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
         # every prompt in one prefill: the measured window is one uninterrupted run of decode steps
         eng = Engine(model, backend=backend, lm_head=arm, max_num_seqs=batch, max_model_len=prompt_len + lengths[1],
                      max_num_batched_tokens=max(batch * prompt_len, prompt_len + lengths[1], 2048),
-                     cuda_graphs=False if eager or backend == "cpu" else None, allow_ablation=True,
-                     options=options)
-        ablated = ablate.label(eng.ablation) or None  # engine/ablate.py: timing only
+                     cuda_graphs=False if eager or backend == "cpu" else None, options=options)
         ran_under = eng.options.to_json()
         prompts = synthetic_prompts(batch, prompt_len, eng.model.config.vocab_size, seed)
         records[arm] = attribute_arm(eng, prompts, lengths, iters, warmup)
@@ -88,7 +85,7 @@ def run_attribute(model: Path, backend: str, arms: list[str], lengths: tuple[int
         r["box_read_gb_s"] = bandwidth["gb_s"]
         r["bandwidth_share"] = r["achieved_gb_s"] / bandwidth["gb_s"] if r["achieved_gb_s"] else None
     has_gemm, why = fp4_gemm_status(backend, ran_under["fp4_gemm"])
-    out = {"schema_version": SCHEMA_VERSION, "kind": "attribution", "bandwidth": bandwidth, "ablated": ablated,
+    out = {"schema_version": SCHEMA_VERSION, "kind": "attribution", "bandwidth": bandwidth,
            "options": ran_under,
            "params": {"model": str(model), "backend": backend, "arms": arms, "lengths": list(lengths),
                       "batch": batch, "prompt_len": prompt_len, "iters": iters, "warmup": warmup, "seed": seed,
@@ -147,8 +144,6 @@ def print_arm(r: dict, out) -> None:
 
 
 def print_table(result: dict, out) -> None:
-    if result.get("ablated"):
-        print(f"ABLATED (option ablate={result['ablated']}): timing only, the tokens are wrong", file=out)
     arms = result.get("arms") or {result["arm"]: result}
     for r in arms.values():
         print_arm(r, out)

@@ -1,6 +1,6 @@
-"""What each ablated part costs a decode step: `python scripts/ablation_table.py ab-benches.jsonl [--json]`.
+"""What each ablated part costs a decode step: `python -m tools.ablation.table ab-benches.jsonl [--json]`.
 
-Reads the bench lines `scripts/device_gate.sh ablate` appends (engine/ablate.py; the real engine is the
+Reads the bench lines `scripts/device_gate.sh ablate` appends (tools/ablation; the real engine is the
 variant whose `ablated` is null) and prints, per batch, each variant's ms/step (the median over its
 legs, and their range) and `saves` = base - variant: what removing the part saves the step, overlap
 included. Where a part was run both without a launch and with an empty one in each launch's place

@@ -1,4 +1,4 @@
-"""engine/ablate.py on the GPU: an ablated engine decodes to the end from its CUDA graphs, and an eager
+"""tools/ablation on the GPU: an ablated engine decodes to the end from its CUDA graphs, and an eager
 decode step launches no kernel of an ablated part (the GEMM's `read` launches the plain read instead)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.options import EngineOptions
 from engine_oracle import tiny
+from tools.ablation.parts import Ablation
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ALL = "norm+delta_rule+attention+tower:read+lm_head:read"
@@ -18,7 +18,7 @@ KERNELS = {"norm": ("add_rms_norm",), "delta_rule": ("delta_step", "conv_step"),
 
 def _engine(monkeypatch, text: str, graphs: bool | None = None) -> Engine:
     return Engine(tiny(), backend="cuda", lm_head="packed", max_num_seqs=2, max_model_len=64, cuda_graphs=graphs,
-                  allow_ablation=True, options=EngineOptions(ablate=text))
+                  substitute=Ablation(text) if text else None)
 
 
 @pytest.mark.parametrize("text", ["norm", "norm:empty", "delta_rule", "attention:empty", "tower", "tower:empty",
@@ -27,6 +27,7 @@ def test_an_ablated_engine_decodes_from_its_graphs_to_the_end(monkeypatch, text)
     eng = _engine(monkeypatch, text)
     out = eng.generate([[3, 1, 4, 1, 5], [2, 7, 1]], 6)
     assert [len(o) for o in out] == [6, 6]
+    assert eng.substituted == text
     assert eng.runner().graphs, "the decode steps did not run from CUDA graphs"
 
 
