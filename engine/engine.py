@@ -96,7 +96,7 @@ class Engine:
             cfg, dtype = self.model.config, compute_dtype(self.backend)
             bm = BlockManager(self.num_blocks, self.block_size, self.max_num_seqs, self._block_order)
             kv = KvCache(cfg, self.num_blocks, self.block_size, dtype, self.device)
-            state = StateCache(cfg, self.max_num_seqs, dtype, self.device)
+            state = StateCache(cfg, self.max_num_seqs, dtype, self.device, self.options.state_dtype)
             self._runner = ModelRunner(self.model, bm, kv, state, self.device, self.max_num_seqs,
                                        self.max_model_len, self._cuda_graphs, self.top_k, self.options)
         return self._runner

@@ -2,7 +2,7 @@
 shapes, and so the least time the step can take at the box's read bandwidth.
 
 - weights: the residency table's `bytes_per_decode_step` (each weight read once per step);
-- Gated DeltaNet state, per sequence and linear-attention layer: the FP32 recurrent state
+- Gated DeltaNet state, per sequence and linear-attention layer: the recurrent state (FP32, or FP16)
   [Hv, Dk, Dv] read once and written once, the conv window [conv_dim, K - 1] read once and written once;
 - KV cache, per sequence and full-attention layer: the live tokens' K and V read once, this token's
   K and V written once.
@@ -25,10 +25,11 @@ REPEATS = 7
 
 
 def decode_floor_bytes(cfg: ModelConfig, batch: int, prompt_len: int, gen_len: int, weight_bytes: int,
-                       act_bytes: int) -> dict:
-    """Bytes per decode step, by kind; `act_bytes` is the activation/cache dtype's size (BF16: 2)."""
+                       act_bytes: int, state_bytes: int = 4) -> dict:
+    """Bytes per decode step, by kind; `act_bytes` is the activation/cache dtype's size (BF16: 2),
+    `state_bytes` the recurrent state's (FP32: 4; FP16, the option recurrent_state=fp16: 2)."""
     steps = gen_len - 1
-    recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    recurrent = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * state_bytes
     conv = cfg.linear_conv_dim * (cfg.linear_conv_kernel_dim - 1) * act_bytes
     state = batch * len(cfg.linear_layers) * 2 * (recurrent + conv)
     mean_context = prompt_len + (steps + 1) / 2

@@ -24,12 +24,18 @@ from typing import Any, Mapping, get_type_hints
 from kernels.policy import KernelPolicy
 
 
+# BF16 storage was measured and dropped (2026-12-07): at the same bytes as FP16 its logits strayed ~10x
+# further from the oracle (0.210 against 0.020 by token 384, long-memory heads; tools/state_precision.py).
+STATE_DTYPES = ("fp32", "fp16")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     fused_decode: bool = True  # CUDA's fused decode kernels (engine/fused.py); False: the torch path
     fused_prefill: bool = True  # ... and the fused prefill kernels
     split_sum_in_norm: bool = True  # a split-K GEMM's partials summed by the residual add + RMSNorm
     merge_projections: bool = True  # one GEMM for the projections of one input (engine/projections.py)
+    recurrent_state: str = "fp32"  # the GDN recurrent state's storage, fp32 | fp16; FP32 maths (engine/kv_cache.py)
     fp4_gemm: bool = True  # the backend's packed fp4 GEMM where it has one (engine/backends.py)
     nvfp4_w4a4: bool = False  # W4A4: activations quantized to FP4 too, where input scales exist
     prefill_graphs: int = 8  # prefill shapes that may hold a CUDA graph (0: none; engine/prefill_graphs.py)
@@ -43,6 +49,16 @@ class EngineOptions:
                 raise ValueError(f"option {name}: expected a count >= 0, found {getattr(self, name)!r}")
         if not all(n > 0 for n in self.prefill_warm):
             raise ValueError(f"option prefill_warm: expected prompt lengths > 0, found {list(self.prefill_warm)}")
+        if self.recurrent_state not in STATE_DTYPES:
+            raise ValueError(f"option recurrent_state: expected one of {', '.join(STATE_DTYPES)}, "
+                             f"found {self.recurrent_state!r}")
+
+    @property
+    def state_dtype(self):
+        """The recurrent state's torch dtype (torch imported here: the options themselves need none)."""
+        import torch
+
+        return {"fp32": torch.float32, "fp16": torch.float16}[self.recurrent_state]
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "EngineOptions":
@@ -114,6 +130,10 @@ def _coerce(key: str, kind, value):
         if not isinstance(items, (list, tuple)):
             raise ValueError(f"option {key}: expected a list of integers (\"128,256\"), found {value!r}")
         return tuple(_integer(key, p, "a list of integers (\"128,256\")") for p in items)
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"option {key}: expected a string, found {value!r}")
+        return value.strip().lower()
     raise TypeError(f"option {key}: no parser for its type {kind!r}")
 
 

@@ -58,6 +58,13 @@ PRESETS: dict[str, Preset] = {
                   num_attention_heads=24, num_key_value_heads=4, head_dim=256,
                   linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
                   linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248_320),
+    # The 27b's attention and Gated DeltaNet heads (its [48, 128, 128] recurrent state a layer) at a
+    # hidden size, FFN and vocabulary a CPU runs in seconds, beside its FP32 oracle: for measuring
+    # what the state's numerics do over long decodes (tools/state_precision.py).
+    "27b-heads": Preset("27b-heads", hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
+                        num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+                        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=4096),
 }
 
 

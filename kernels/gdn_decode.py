@@ -66,7 +66,7 @@ def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_p
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     slot = tl.load(slots_ptr + b).to(tl.int64)  # first: the state's address depends on it
     sp = rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :]
-    s = tl.load(sp)
+    s = tl.load(sp).to(tl.float32)  # FP32 or FP16 in memory (option recurrent_state); FP32 maths either way
     row = mixed_ptr + b * s_mixed
     q = tl.load(row + kh * DK + kk).to(tl.float32)
     k = tl.load(row + key_dim + kh * DK + kk).to(tl.float32)
@@ -80,7 +80,7 @@ def delta_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, rec_ptr, slots_ptr, alog_p
     s = s * decay
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta  # a column's update needs only that column
     s = s + k[:, None] * delta[None, :]
-    tl.store(sp, s)
+    tl.store(sp, s.to(rec_ptr.dtype.element_ty))
     o = _round(tl.sum(s * q[:, None], axis=0), dt)
     if NV == 1:
         _gated_norm_out(o, vv, z_ptr, normw_ptr, out_ptr, b, hv, s_z, s_out, eps, DV, dt)

@@ -111,7 +111,7 @@ def delta_prefill_kernel(mixed_ptr, b_ptr, a_ptr, cu_ptr, slots_ptr, rec_ptr, al
         t += 1
     if STORE_STATE:
         slot = tl.load(slots_ptr + n).to(tl.int64)
-        tl.store(rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :], s)
+        tl.store(rec_ptr + slot * s_rec + hv * DK * DV + kk[:, None] * DV + vv[None, :], s.to(rec_ptr.dtype.element_ty))
 
 
 @triton.jit

@@ -52,6 +52,9 @@ def test_the_decode_floor_counts_state_once_each_way_and_the_live_kv_once():
     kv = 2 * 1 * (2 * 2 * 32 * 2) * (mean_context + 1)
     assert f == {"weight_bytes": 1000, "state_bytes": state, "kv_bytes": round(kv), "total_bytes": 1000 + state + round(kv),
                  "mean_context": mean_context}
+    # option recurrent_state=bf16 or fp16: the recurrent state's bytes halve, the conv window's stay
+    half = decode_floor_bytes(cfg, batch=2, prompt_len=10, gen_len=5, weight_bytes=1000, act_bytes=2, state_bytes=2)
+    assert half["state_bytes"] == 2 * 3 * 2 * (4 * 32 * 32 * 2 + 256 * 3 * 2)
 
 
 def test_bench_refuses_a_run_without_decode_steps():

@@ -66,6 +66,36 @@ def test_gated_deltanet_decode_step_matches_the_reference(hk, hv, dk, dv):
     assert _ulps(out_k.cpu(), ref_out).max() <= 2.0  # BF16 output after FP32 sums in another order
 
 
+def test_delta_step_with_an_fp16_state_does_its_maths_in_fp32_and_rounds_once_as_it_stores():
+    """Option recurrent_state=fp16: the slot is loaded to FP32, updated and read out in FP32, and
+    stored rounded to FP16, as the torch path does (engine.model.gated_deltanet._decode casts on the
+    write)."""
+    g = torch.Generator().manual_seed(7)
+    dtype = torch.float16
+    hk, hv, dk, dv, bsz, n_slots, eps = 2, 4, 32, 32, 2, 4, 1e-6
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    mixed, z = r(bsz, 2 * hk * dk + hv * dv).to(BF16), r(bsz, hv * dv).to(BF16)
+    b, a = r(bsz, hv).to(BF16), r(bsz, hv).to(BF16)
+    rec = r(n_slots, hv, dk, dv, scale=0.1).to(dtype)
+    a_log, dt_bias, norm_w = r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), (1 + r(dv, scale=0.1)).to(BF16)
+    slots = torch.tensor([3, 0])
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+    gdecay = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    out, state = recurrent_gated_delta_rule(q.reshape(bsz, 1, hk, dk), k.reshape(bsz, 1, hk, dk),
+                                            v.reshape(bsz, 1, hv, dv), gdecay[:, None], b.sigmoid()[:, None],
+                                            rec[slots])  # reads the BF16 slots as FP32
+    ref_out = gated_rms_norm(out.reshape(-1, dv), z.reshape(-1, dv), norm_w, eps).reshape(bsz, -1)
+    rec_k = rec.clone().to(DEV)
+    out_k = gdn_decode.delta_step(mixed.to(DEV), z.to(DEV), b.to(DEV), a.to(DEV), rec_k, slots.to(DEV), a_log.to(DEV),
+                                  dt_bias.to(DEV), norm_w.to(DEV), num_k_heads=hk, head_k_dim=dk, head_v_dim=dv, eps=eps)
+    assert rec_k.dtype == dtype
+    err = (rec_k.cpu()[slots].float() - state).abs() / (state.abs().clamp_min(1e-3) * 2**-10)
+    assert err.max() <= 1.0  # FP32 sums in another order, one rounding to the stored type
+    assert (rec_k.cpu()[slots] != rec[slots]).float().mean() > 0.5  # it was written
+    assert torch.equal(rec_k.cpu()[[1, 2]], rec[[1, 2]])
+    assert _ulps(out_k.cpu(), ref_out).max() <= 2.0  # the output read from the FP32 state, as before
+
+
 def _nan_filled(empty):
     def alloc(*args, **kwargs):
         t = empty(*args, **kwargs)
@@ -312,13 +342,13 @@ def test_attention_prep_refuses_what_it_cannot_index():
                                       torch.zeros(1, dtype=torch.long), cache, cache)
 
 
-@pytest.mark.parametrize("bucket", [0, 16, 47])
-def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, bucket):
+@pytest.mark.parametrize("bucket, state", [(0, "fp32"), (16, "fp32"), (47, "fp32"), (0, "fp16")])
+def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, bucket, state):
     """The wiring (engine.fused -> the model's decode, prefill and norms) on the tiny checkpoint: the
     same greedy tokens and logits within FP32 noise, prompts of different lengths in one batch; the
     prefill's attention on its kernel (kernels/paged_prefill.py), so the prefill may be padded to a
     bucket keyed by shape (engine/prefill_graphs.py): 47 tokens to 48 (one padding token) or to 47
-    (an empty padding sequence)."""
+    (an empty padding sequence). With the option recurrent_state=fp16 both paths store the state in FP16."""
     from types import SimpleNamespace
 
     from engine.engine import Engine
@@ -328,7 +358,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
 
     ckpt = tiny()
     prompts = [[5, 17, 99, 3, 250, 8, 41], [7, 7, 300], list(range(40, 77))]
-    off = EngineOptions(fused_decode=False)  # the reference: the torch path, also on CUDA where fused is the default
+    off = EngineOptions(fused_decode=False, recurrent_state=state)  # the reference: the torch path
     ref = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128, options=off).generate(prompts, 12)
     calls: dict[str, int] = {}
 
@@ -337,7 +367,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
             calls[name] = calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return call
-    options = EngineOptions(prefill_bucket=bucket)
+    options = EngineOptions(prefill_bucket=bucket, recurrent_state=state)
     bind = lambda fn: bind_policy(fn, options)  # noqa: E731  (as engine.fused binds them)
     kernels = SimpleNamespace(prefill=True, split_sum_in_norm=True, policy=options.kernels, **{name: counted(name, bind(fn)) for name, fn in (
         ("conv_prefill", gdn_prefill.conv_prefill), ("delta_prefill", gdn_prefill.delta_prefill),
@@ -350,6 +380,7 @@ def test_the_engine_decodes_the_same_tokens_with_the_fused_kernels(monkeypatch, 
     eng = Engine(ckpt, backend=DEV.type, max_num_seqs=4, max_model_len=128, options=options)
     assert eng.model.fused is kernels and eng.model.layers[0].mixer.fused is kernels
     assert eng.runner().prefill_bucket == bucket and eng.runner().shares_prefill_graphs()
+    assert eng.runner().state.recurrent_states.dtype == options.state_dtype
     assert eng.generate(prompts, 12) == ref
     steps, layers = 11, eng.model.config.num_hidden_layers  # 11 decode steps after the prefill's token
     gdn_layers = sum(1 for layer in eng.model.layers if hasattr(layer.mixer, "state_index"))

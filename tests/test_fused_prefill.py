@@ -75,6 +75,28 @@ def test_gated_deltanet_prefill_matches_the_chunked_reference(hk, hv, dk, dv, le
     assert torch.equal(rec_k.cpu()[untouched], rec[untouched])
 
 
+def test_delta_prefill_stores_an_fp16_state_rounded_once():
+    """Option recurrent_state=fp16: the prefill's final state, computed in FP32, stored rounded to the
+    cache's FP16."""
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(3)
+    hk, hv, dk, dv, kern, lens = 2, 4, 32, 32, 4, [9, 70]
+    total, conv_dim = sum(lens), 2 * hk * dk + hv * dv
+    r = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale)  # noqa: E731
+    qkv, b, a = r(total, conv_dim).to(BF16), r(total, hv).to(BF16), r(total, hv).to(BF16)
+    conv_w, a_log, dt_bias = r(conv_dim, kern, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16), r(hv, scale=0.5).to(BF16)
+    _, _, ref_states = _reference(qkv, b, a, conv_w, a_log, dt_bias, lens, hk, dk, dv)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(DEV)
+    conv_k, rec_k, slots = torch.zeros(3, conv_dim, kern - 1, dtype=BF16, device=DEV), torch.zeros(3, hv, dk, dv, dtype=dtype,
+                                                                                                 device=DEV), torch.tensor([2, 0])
+    mixed = gdn_prefill.conv_prefill(qkv.to(DEV), cu, gdn_prefill.token_seq(cu, total), conv_k, slots.to(DEV), conv_w.to(DEV))
+    gdn_prefill.delta_prefill(mixed, b.to(DEV), a.to(DEV), cu, rec_k, slots.to(DEV), a_log.to(DEV), dt_bias.to(DEV),
+                              num_k_heads=hk, head_k_dim=dk, head_v_dim=dv)
+    assert rec_k.dtype == dtype and not rec_k[1].any()  # the slot no sequence owns: untouched
+    for i, slot in enumerate(slots.tolist()):  # the FP32 tolerance above, plus one BF16 rounding
+        torch.testing.assert_close(rec_k.cpu()[slot].float(), ref_states[i], rtol=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("block_v, warps", [(8, 1), (16, 2), (64, 8), (32, 4)])
 def test_delta_prefill_at_any_launch_shape_gives_the_default_launchs_values(block_v, warps):
     """tools/tune/delta_prefill_sweep.py's launches: outputs within 1 BF16 ulp and states within FP32

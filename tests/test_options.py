@@ -15,7 +15,7 @@ from kernels.policy import KernelPolicy
 BEFORE = {"delta_target": 1024,
           "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True,
           "merge_projections": True, "nvfp4_w4a4": False,
-          "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [],
+          "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [], "recurrent_state": "fp32",
           "split_sum_in_norm": True, "split_waves": 2, "tile_by_shape": True, "tile_gemm": True}
 
 
@@ -62,7 +62,8 @@ def test_parse_and_from_mapping_agree_and_canonicalize():
     (["delta_target=0"], "option delta_target: expected a positive number of programs, found 0"),
     (["dequant_min_m=-2"], "option dequant_min_m: expected None or an M >= 0, found -2"),
     (["prefill_warm=0"], r"option prefill_warm: expected prompt lengths > 0, found \[0\]"),
-    (["ablate=norm"], "option ablate: unknown; expected one of "),  # tools/ablation's --ablate since 2026-12-07
+    (["ablate=norm"], "option ablate: unknown; expected one of "),
+    (["recurrent_state=bf16"], "option recurrent_state: expected one of fp32, fp16, found 'bf16'"),  # tools/ablation's --ablate since 2026-12-07
 ])
 def test_bad_input_names_the_field_and_what_it_takes(pairs, match):
     with pytest.raises(ValueError, match=match):

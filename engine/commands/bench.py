@@ -149,7 +149,8 @@ def run_bench(model: Path, backend: str, lm_head: str, batch: int, prompt_len: i
     tok_s = [r["decode_tokens"] / r["decode_s"] for r in runs]
     ms_step = statistics.median(1000 * r["decode_s"] / r["decode_steps"] for r in runs)
     step_bytes = eng.residency()["totals"]["bytes_per_decode_step"]
-    floor = decode_floor_bytes(eng.model.config, batch, prompt_len, gen_len, step_bytes, eng.model.dtype.itemsize)
+    floor = decode_floor_bytes(eng.model.config, batch, prompt_len, gen_len, step_bytes, eng.model.dtype.itemsize,
+                               eng.runner().state.recurrent_states.element_size())
     bandwidth = read_bandwidth(eng.device)
     floor["box_read_gb_s"] = bandwidth["gb_s"]
     floor["floor_ms"] = floor["total_bytes"] / bandwidth["gb_s"] / 1e6

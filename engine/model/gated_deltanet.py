@@ -88,7 +88,8 @@ class GatedDeltaNet:
             slot = ctx.state_slots[i : i + 1]
             history = window[..., window.shape[-1] - (kern - 1):]  # the last kern-1 inputs
             ctx.state_cache.conv(self.state_index).index_copy_(0, slot, history.to(ctx.state_cache.dtype))
-            ctx.state_cache.recurrent(self.state_index).index_copy_(0, slot, state)
+            rec = ctx.state_cache.recurrent(self.state_index)
+            rec.index_copy_(0, slot, state.to(rec.dtype))
         return out[0].reshape(t, -1)
 
     def _prefill_fused(self, qkv, b, a, ctx: Context) -> torch.Tensor:
@@ -120,5 +121,5 @@ class GatedDeltaNet:
         b = mixed.shape[0]
         q, k, v = (x.reshape(b, 1, -1, x.shape[-1]) for x in self._split(mixed))  # one token per sequence
         out, state = recurrent_gated_delta_rule(q, k, v, g[:, None], beta[:, None], rec_cache[slots])
-        rec_cache.index_copy_(0, slots, state)
+        rec_cache.index_copy_(0, slots, state.to(rec_cache.dtype))  # FP32 maths, stored as the cache keeps it
         return out.reshape(b, -1)
