@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from engine.backends import Fp4Gemm, register_fp4_gemm, unregister_fp4_gemm
 from engine.options import EngineOptions
 from engine_oracle import tiny
-from kernels import plain_read
+from tools import plain_read
 from tools.ablation import parts as ablate
 from tools.ablation.parts import Ablation, AblationError
 
@@ -84,7 +84,7 @@ def test_the_fused_kernels_of_an_ablated_part_launch_nothing_and_return_their_sh
 
 
 def test_the_empty_mode_launches_one_empty_kernel_in_each_ones_place(monkeypatch):
-    from kernels import plain_read
+    from tools import plain_read
 
     launched: list = []
     monkeypatch.setattr(plain_read, "empty_launch", lambda device: launched.append(device))

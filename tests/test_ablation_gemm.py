@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import merge, plain_read, tile_gemm
+from kernels import merge, tile_gemm
+from tools import plain_read
 from kernels.policy import KernelPolicy
 from kernels.tile_layout import repack
 from nvfp4 import Nvfp4Weight, quantize

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import nvfp4
-from engine.nvfp4_fast import encode_e2m1_fast, quantize_fast
+from tools.synth.quantize_fast import encode_e2m1_fast, quantize_fast
 
 
 def test_pack_matches_hand_computed_bytes():

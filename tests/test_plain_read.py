@@ -1,4 +1,4 @@
-"""kernels/plain_read.py: the plain read that read_floor times and the GEMM ablation launches, under
+"""tools/plain_read.py: the plain read that read_floor times and the GEMM ablation launches, under
 Triton's CPU interpreter where there is no GPU."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from kernels import plain_read
-from kernels.plain_read import empty_launch, read, read_pair, xor_reference
+from tools import plain_read
+from tools.plain_read import empty_launch, read, read_pair, xor_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="no GPU and Triton's interpreter is off")

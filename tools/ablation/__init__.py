@@ -16,10 +16,10 @@ Parts, joined by "+":
 - `tower`: every tower GEMM; `lm_head`: the head's.
 
 Each part may name a mode, `part:mode`: `free` (the default) launches nothing in the part's place;
-`empty` launches one kernel that does nothing (kernels/plain_read.empty_launch, PDL like the rest) per
+`empty` launches one kernel that does nothing (tools/plain_read.empty_launch, PDL like the rest) per
 launch it replaces, so `empty - free` is what the launches cost as links of the chain and `base -
 empty` what their work costs; `read` (GEMM parts only) launches a plain read of the operand's bytes
-(kernels/plain_read.read_pair): the step as if every GEMM read its weights at plain-read speed once
+(tools/plain_read.read_pair): the step as if every GEMM read its weights at plain-read speed once
 its input is ready, and did nothing else (tools/ablation/gemm.py).
 
 What a part would have written is left unwritten (torch.empty, no kernel), so the values that flow

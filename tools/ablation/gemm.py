@@ -26,7 +26,7 @@ def launch(mode: str, words: torch.Tensor, codes: torch.Tensor, launches: int = 
     """What an ablated GEMM launches in its place over its operand's bytes."""
     if mode not in MODES:
         raise ValueError(f"ablated GEMM: mode {mode!r}, expected one of {MODES}")
-    from kernels import plain_read  # Triton: imported where it is used
+    from tools import plain_read  # Triton: imported where it is used
 
     if mode == "read":
         plain_read.read_pair(words, codes)

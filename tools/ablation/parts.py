@@ -120,7 +120,7 @@ def _stub(fn, mode: str):
     def call(*a, **kw):
         on, result = fn(*a, **kw)
         if mode == "empty":
-            from kernels.plain_read import empty_launch  # Triton: imported where it is used
+            from tools.plain_read import empty_launch  # Triton: imported where it is used
 
             empty_launch(on.device)
         return result

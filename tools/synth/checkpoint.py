@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 import nvfp4
-from engine.nvfp4_fast import quantize_fast
+from tools.synth.quantize_fast import quantize_fast
 from engine.presets import TensorSpec, get_preset, layout, text_config
 from tools.synth.files import plan_shards, write_checkpoint_files
 

@@ -4,7 +4,7 @@ At M=1 the tile GEMM reaches 0.45-0.68 of the 4.4 TB/s floor at the 27B tower sh
 and 0.92 at the head (715 MB); each tower GEMM is ~5 us over bytes / bandwidth. Is that the
 kernel's, or what any kernel pays to read that many bytes (launch, the DRAM latency before the first
 bytes, the tail)? For each shape's packed bytes this times, as graph replays on copies rotated past
-L2: a plain streaming read (kernels/plain_read.py: each program XORs its slice, loads unrolled; every
+L2: a plain streaming read (tools/plain_read.py: each program XORs its slice, loads unrolled; every
 (block, loads a program, warps) of a small sweep, the fastest kept), torch's sum, and the tile GEMM at
 M=1 with the table's config. `gemm_over_read` near 1: the GEMM already reads as fast as a read of its
 size can, and what is left is between kernels (overlap), not inside one. Where the bytes fit half of
@@ -24,7 +24,7 @@ import torch
 from kernels import table
 from kernels import tile_gemm as tg
 from kernels.policy import KernelPolicy
-from kernels.plain_read import read, xor_reference
+from tools.plain_read import read, xor_reference
 from tools.tune.bench import L2_BYTES, copies_for, environment, median_ms, read_bandwidth_gbps
 from tools.tune.split_sweep import SHAPES, operands, packed_bytes
 
