@@ -35,7 +35,7 @@ class EngineOptions:
     fused_prefill: bool = True  # ... and the fused prefill kernels
     split_sum_in_norm: bool = True  # a split-K GEMM's partials summed by the residual add + RMSNorm
     merge_projections: bool = True  # one GEMM for the projections of one input (engine/projections.py)
-    recurrent_state: str = "fp32"  # the GDN recurrent state's storage, fp32 | fp16; FP32 maths (engine/kv_cache.py)
+    recurrent_state: str = "fp16"  # the GDN recurrent state's storage, fp16 | fp32 (the precision reference); FP32 maths (engine/kv_cache.py)
     fp4_gemm: bool = True  # the backend's packed fp4 GEMM where it has one (engine/backends.py)
     nvfp4_w4a4: bool = False  # W4A4: activations quantized to FP4 too, where input scales exist
     prefill_graphs: int = 8  # prefill shapes that may hold a CUDA graph (0: none; engine/prefill_graphs.py)
