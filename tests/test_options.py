@@ -11,11 +11,12 @@ from engine.options import EngineOptions
 from kernels.policy import KernelPolicy
 
 # The defaults the REGATE_* variables had (unset) before they became options: a change here changes
-# what a default engine runs, so it must be deliberate.
+# what a default engine runs, so it must be deliberate. The one deliberate change since: the recurrent
+# state stored in FP16 (2026-12-07, 1.07x faster at batch 16 and 1.18x at batch 64 on the H100).
 BEFORE = {"delta_target": 1024,
           "dequant_min_m": None, "fp4_gemm": True, "fused_decode": True, "fused_prefill": True,
           "merge_projections": True, "nvfp4_w4a4": False,
-          "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [], "recurrent_state": "fp32",
+          "prefill_bucket": 0, "prefill_graphs": 8, "prefill_warm": [], "recurrent_state": "fp16",
           "split_sum_in_norm": True, "split_waves": 2, "tile_by_shape": True, "tile_gemm": True}
 
 
