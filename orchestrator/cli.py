@@ -55,13 +55,7 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
 
 def _register_all() -> None:
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            continue
-        mod.register(app)
+        importlib.import_module(name).register(app)
 
 
 # click's exceptions as this typer raises them: typer >= 0.29 carries its own copy of click

@@ -192,19 +192,19 @@ def parse_config(raw: object, where: str, base: Path, gpus: int = 0) -> Config:
         if n in names[:i]:
             _fail(where, f"boxes[{i}].name", "a name no other box has", n)
     _check_pools(boxes, where)
-    default = _opt_str(top.get("default_box"), where, "default_box")
+    default = _str(top.get("default_box"), where, "default_box", optional=True)
     if default is not None and default not in names:
         _fail(where, "default_box", f"one of the boxes ({', '.join(names)})", default)
     db_path = _path(top.get("db_path"), where, "db_path", base) or default_db_path(where)
     check_db_path(db_path, where)
     return Config(
         boxes=boxes,
-        ray_address=_opt_str(top.get("ray_address"), where, "ray_address"),
+        ray_address=_str(top.get("ray_address"), where, "ray_address", optional=True),
         db_path=db_path,
         reports_dir=_path(top.get("reports_dir"), where, "reports_dir", base) or db_path.parent / REPORTS,
         work_dir=_path(top.get("work_dir"), where, "work_dir", base),
         trusted_root=_path(top.get("trusted_root"), where, "trusted_root", base),
-        trusted_ref=_opt_str(top.get("trusted_ref"), where, "trusted_ref"),
+        trusted_ref=_str(top.get("trusted_ref"), where, "trusted_ref", optional=True),
         default_box=default,
         timeouts=_timeouts(top.get("timeouts"), where),
         requeue=_count(top.get("requeue", Config.requeue), where, "requeue"),
@@ -250,7 +250,7 @@ def _box(raw: object, where: str, key: str) -> BoxConfig:
     name = _name(d["name"], where, f"{key}.name")
     pool = None if d.get("pool") is None else _name(d["pool"], where, f"{key}.pool")
     gpus = _count(d.get("gpus", 0), where, f"{key}.gpus")
-    markers = tuple(_opt_str(m, where, f"{key}.required_markers[{j}]")
+    markers = tuple(_str(m, where, f"{key}.required_markers[{j}]", optional=True)
                     for j, m in enumerate(_list(d.get("required_markers"), where, f"{key}.required_markers")))
     if "required_markers" not in d and gpus:
         markers = (CUDA_MARKER,)  # a GPU box gates the packed kernel unless told otherwise
@@ -303,20 +303,14 @@ def _list(v, where, key) -> list:
     return v
 
 
-def _opt_str(v, where, key) -> str | None:
-    if v is not None and (not isinstance(v, str) or not v):
-        _fail(where, key, "a non-empty string", v)
-    return v
-
-
-def _str(v, where, key) -> str:
-    if not isinstance(v, str) or not v:
+def _str(v, where, key, optional=False) -> str | None:
+    if (v is not None or not optional) and (not isinstance(v, str) or not v):
         _fail(where, key, "a non-empty string", v)
     return v
 
 
 def _path(v, where, key, base: Path) -> Path | None:
-    s = _opt_str(v, where, key)
+    s = _str(v, where, key, optional=True)
     return None if s is None else base / Path(s).expanduser()
 
 

@@ -23,9 +23,7 @@ from pathlib import Path
 from orchestrator import signing
 from orchestrator.record import NotRun, Record
 
-STATES = ("QUEUED", "RUNNING", "PASSED", "FAILED", "ERROR", "LOST")
 FINAL = ("PASSED", "FAILED", "ERROR", "LOST")
-REUSABLE = ("PASSED", "FAILED")  # an idempotent re-request returns these; ERROR/LOST are worth a retry
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

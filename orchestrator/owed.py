@@ -23,7 +23,6 @@ from orchestrator.db import load, transaction
 from orchestrator.record import Record, RecordError
 from orchestrator.report.claims import ANY_GPU, claims, gate_claims, where_measured
 
-WHATS = ("magnitude", "direction", "gate")
 UNKNOWN = "unknown"  # where a row migrated from an older ledger was measured, when its run is gone
 
 _SCHEMA = """

@@ -351,12 +351,8 @@ def _v1_to_v2(data: dict) -> dict:
     return data
 
 
-def _v2_to_v3(data: dict) -> dict:
-    """Version 2 knew only gates: every field reads as it was (no `kind` is a gate, no `head.dirty` unknown)."""
-    return dict(data)
-
-
-_MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}
+# Version 2 -> 3 changes no field: no `kind` reads as a gate, no `head.dirty` as unknown.
+_MIGRATIONS = {1: _v1_to_v2}
 
 
 def migrate(data: dict, where: str = "run record") -> dict:
@@ -366,7 +362,7 @@ def migrate(data: dict, where: str = "run record") -> dict:
         raise RecordError(f"{where}: schema_version: expected 1..{SCHEMA_VERSION}, found {version!r}")
     data = {k: v for k, v in data.items() if k != "schema_version"}
     for v in range(version, SCHEMA_VERSION):
-        data = _MIGRATIONS[v](data)
+        data = _MIGRATIONS.get(v, dict)(data)
     data.pop("shown_state", None)  # derived from the suites and the state, never read back
     return data
 

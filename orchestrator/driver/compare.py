@@ -26,7 +26,7 @@ from grids.spec import GridSpec
 from orchestrator import db
 from orchestrator.box.compare import CompareSpec
 from orchestrator.config import Config
-from orchestrator.driver.gate import _owed_sync, _render_index, harness_for, hidden_paths, render_history
+from orchestrator.driver.gate import _render_index, sync_from_record, harness_for, hidden_paths, render_history
 from orchestrator.driver.grid_check import RequestError, check_grid, read_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import Archive, ProvenanceError, archive
@@ -227,7 +227,7 @@ def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:
     judge_record(record)
     _link_gates(conn, record)
     record.report_path = str(report.report_path(config.reports_dir, record))
-    db.finish(conn, record, sync=_owed_sync())
+    db.finish(conn, record, sync=sync_from_record)
     t = time.monotonic()
     try:
         report.render(record, config.reports_dir)

@@ -27,6 +27,8 @@ from orchestrator.driver.placement import Interrupted, PlacementError, note_plac
 from orchestrator.driver.provenance import Archive, archive
 from orchestrator.tarball import read_member
 from orchestrator.record import Box, Head, NotRun, Provenance, Record
+from orchestrator.owed import sync_from_record
+from orchestrator.report import render as report
 
 MANIFEST = "gates/gates.yaml"
 Progress = Callable[[dict], None]
@@ -178,8 +180,8 @@ def finish_run(config: Config, conn, record: Record, t0: float,
         record.state = decide(record)
     record.finished_at = db.utc_now()
     record.timings["total_s"] = round(time.monotonic() - t0, 3)
-    record.report_path = str(Path(config.reports_dir) / _report_name(record))  # where it will be
-    db.finish(conn, record, sync=_owed_sync())
+    record.report_path = str(Path(config.reports_dir) / report.report_name(record.run_id))  # where it will be
+    db.finish(conn, record, sync=sync_from_record)
     t = time.monotonic()
     if not _render(conn, record, config.reports_dir):
         record.report_path = None  # the row says why there is no report
@@ -190,37 +192,16 @@ def finish_run(config: Config, conn, record: Record, t0: float,
     return record
 
 
-def _report_name(record: Record) -> str:
-    try:
-        from orchestrator.report.render import report_name
-    except ModuleNotFoundError:
-        return f"{record.run_id}.html"
-    return report_name(record.run_id)
-
-
 def _render(conn, record: Record, reports_dir) -> bool:
     """Write the run's report with the open owed items of its head; False (and a not_run item) if not."""
     try:
         from orchestrator.owed import list_open
-        from orchestrator.report.render import render_run
-    except ModuleNotFoundError:
-        record.not_run.append(NotRun(what="HTML report", why="orchestrator.report is not installed"))
-        return False
-    try:
         items = list_open(conn, record.head.sha, as_of=record.finished_at, run_id=record.run_id)
-        render_run(record, reports_dir, owed=items)
+        report.render_run(record, reports_dir, owed=items)
         return True
     except Exception as e:  # a report bug must not lose a gate result
         record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
         return False
-
-
-def _owed_sync():
-    try:
-        from orchestrator.owed import sync_from_record
-    except ModuleNotFoundError:
-        return None
-    return sync_from_record
 
 
 def render_history(conn, record: Record, reports_dir) -> None:
@@ -238,10 +219,6 @@ def render_history(conn, record: Record, reports_dir) -> None:
 def _render_index(conn, reports_dir) -> None:
     try:
         from orchestrator.owed import list_open
-        from orchestrator.report.render import render_index
-    except ModuleNotFoundError:
-        return
-    try:
-        render_index(db.list_runs(conn, 500), reports_dir, owed=list_open(conn))
+        report.render_index(db.list_runs(conn, 500), reports_dir, owed=list_open(conn))
     except Exception:  # the index is a convenience; the run's own page and row are already written
         pass

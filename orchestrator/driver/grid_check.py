@@ -19,23 +19,19 @@ def check_grid(arch: Archive, grid: str) -> str:
         grid = repo_relative(grid, arch.repo)
     except SpecError as e:
         raise RequestError(str(e)) from None
-    # The same places the box looks (`grid_job.spec_path`), read from the archive without unpacking.
-    candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
-    for c in candidates:
-        text = read_member(arch.tarball, c)
-        if text is not None:
-            try:
-                parse_spec_text(text, f"{c} at {arch.sha[:12]}")
-            except SpecError as e:
-                raise RequestError(str(e)) from None  # names the spec, the head and the key
-            return grid
-    raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")
+    try:
+        read_grid(arch, grid)
+    except SpecError as e:
+        raise RequestError(str(e)) from None  # names the spec, the head and the key
+    return grid
 
 
 def read_grid(arch: Archive, grid: str) -> GridSpec:
     """The spec `check_grid` accepted, parsed from the archive (`orchestrator compare` reads its arms)."""
-    for c in (grid, f"grids/{grid}", f"grids/{grid}.yaml"):
+    # The same places the box looks (`box/grid.spec_path`), read from the archive without unpacking.
+    candidates = (grid, f"grids/{grid}", f"grids/{grid}.yaml")
+    for c in candidates:
         text = read_member(arch.tarball, c)
         if text is not None:
             return parse_spec_text(text, f"{c} at {arch.sha[:12]}")
-    raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]}")
+    raise RequestError(f"grid spec {grid!r}: not in {arch.sha[:12]} (looked for {', '.join(candidates)})")

@@ -57,7 +57,10 @@ def fold(record, ev: dict) -> None:
     """`ev` folded into the driver's own record: its step appended to `steps` (not a "start" or
     "running" one: what was done or is waited on), a finished suite kept. What a run that ends
     without the box's result (Ctrl-C, a lost box) still knows happened."""
-    live, suite = step_of(ev), suite_of(ev)
+    _add(record, step_of(ev), suite_of(ev))
+
+
+def _add(record, live: Live | None, suite: Suite | None) -> None:
     if live is not None and live.status not in ("start", "running"):
         record.steps = keep_steps((record.steps or []) + [live])
     if suite is not None:
@@ -88,10 +91,7 @@ def write(conn: sqlite3.Connection, run_id: str, live: Live, suite: Suite | None
             return False
         record = db.load(row[0])
         record.live = live
-        if live.status not in ("start", "running"):
-            record.steps = keep_steps((record.steps or []) + [live])
-        if suite is not None:
-            record.suites = [s for s in record.suites if s.name != suite.name] + [suite]
+        _add(record, live, suite)
         cur = conn.execute(f"UPDATE runs SET record = ? WHERE run_id = ? AND {guard}",
                            (db.dump(record), run_id, *_LIVE))
         return cur.rowcount == 1

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -42,13 +42,8 @@ class Backend:
     def __init__(self, config: Config, repo: str):
         self.config, self.repo = config, repo
 
-    @contextmanager
     def _conn(self):
-        conn = connect(self.config)
-        try:
-            yield conn
-        finally:
-            conn.close()
+        return closing(connect(self.config))
 
     def runs(self, limit: int) -> list[Record]:
         with self._conn() as conn:
@@ -118,7 +113,7 @@ class Service:
 
     def start(self) -> str:
         """Reconcile, then start serving and working; returns the URL served."""
-        conn = self._connect()
+        conn = connect(self.config)
         try:
             requeued = service_queue.release_unstarted(conn)
             service_queue.beat_queued(conn)
@@ -142,7 +137,7 @@ class Service:
 
     def run(self) -> None:
         """The main loop, until `stop` is set (by SIGTERM/SIGINT when installed), then shut down."""
-        conn = self._connect()
+        conn = connect(self.config)
         scheduler = Scheduler(conn, self.schedules, lambda rev: resolve(self.repo, rev),
                               lambda sha, grid, box: any(service_queue.has_binding_grid(conn, sha, grid, b)
                                                          for b in self._boxes_of(box)),
@@ -177,7 +172,7 @@ class Service:
 
     def _queue_grid(self, s: Schedule, sha: str) -> str:
         # force: has_binding_grid already decided a re-run is wanted (an owed grid is worth more legs)
-        with _closing(self._connect()) as conn:
+        with closing(connect(self.config)) as conn:
             record, _ = service_queue.enqueue(conn, self.config, self.repo, sha, None if s.pool else s.box, s.grid,
                                               True, f"schedule:{s.id}", s.pool)
         return record.run_id
@@ -185,7 +180,7 @@ class Service:
     def _start_compare(self, s: Schedule, base: str, sha: str) -> str:
         """A compare firing queues the comparison on its box's queue, behind that box's other jobs (an
         identical one already queued or running answers instead); the firing names its run id."""
-        with _closing(self._connect()) as conn:
+        with closing(connect(self.config)) as conn:
             record, _ = service_queue.enqueue_compare(conn, self.config, self.repo, base, sha,
                                                       None if s.pool else s.box, s.grid, None, f"schedule:{s.id}",
                                                       s.pool)
@@ -194,7 +189,7 @@ class Service:
     def _work(self, box: str, pool: str | None) -> None:
         """One job at a time: the oldest of this box's or its pool's. The pool's workers, one per box,
         hand Ray as many pool jobs as the pool has boxes; Ray places each on an idle one."""
-        conn = self._connect()
+        conn = connect(self.config)
         try:
             while not self.stop.is_set():
                 try:
@@ -244,9 +239,6 @@ class Service:
             self.install_signal_handlers()
             self._reclaimed = True
 
-    def _connect(self):
-        return connect(self.config)
-
 
 def connect(config: Config):
     """The ledger, with the service's own tables (firings, the job queue) and the owed ledger's."""
@@ -255,14 +247,6 @@ def connect(config: Config):
     service_queue.ensure_schema(conn)
     owed.ensure_schema(conn)
     return conn
-
-
-@contextmanager
-def _closing(conn):
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _log_event(ev: dict) -> None:
