@@ -100,8 +100,16 @@ install_debs() {
 }
 
 clone() {
-  [ -d "$CLONE/.git" ] && return 0
-  git clone -q .regate-bundle/repo.bundle "$CLONE" && git -C "$CLONE" checkout -q "$(cat .regate-bundle/sha)"
+  local sha; sha=$(cat .regate-bundle/sha)
+  if [ -d "$CLONE/.git" ]; then
+    # a newer bundle on a warm box: the same clone (its .regate state) moved to the bundle's head, its
+    # origin refs too (the trusted ref); without this a second `gate` gated the clone's old head again
+    [ "$(git -C "$CLONE" rev-parse HEAD)" = "$sha" ] && return 0
+    git -C "$CLONE" fetch -q "$PWD/.regate-bundle/repo.bundle" '+refs/heads/*:refs/remotes/origin/*' \
+      && git -C "$CLONE" checkout -q --detach "$sha"
+    return
+  fi
+  git clone -q .regate-bundle/repo.bundle "$CLONE" && git -C "$CLONE" checkout -q "$sha"
 }
 
 # each line prefixed with the seconds since the stage began: where a run's time goes, even when it is killed
