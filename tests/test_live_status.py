@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+from contextlib import closing
 
 import pytest
 
@@ -258,7 +259,7 @@ def test_a_served_running_page_shows_the_suites_finished_after_it_loaded(env, se
     class ChangesAfterServing(daemon.Backend):  # the record changes once the page is in the browser
         def report_html(self, run_id):
             page = super().report_html(run_id)
-            with daemon._closing(daemon.connect(self.config)) as c:
+            with closing(daemon.connect(self.config)) as c:
                 live.write(c, run_id, Live(step="suite slow", status="running", detail="pid 7"), suite("quick"))
             return page
     server = served(ChangesAfterServing)
@@ -281,7 +282,7 @@ def test_a_served_page_stops_polling_and_shows_the_final_report_when_the_run_end
             calls.append(run_id)
             answer = super().run(run_id)
             if len(calls) == 1:
-                with daemon._closing(daemon.connect(self.config)) as c:
+                with closing(daemon.connect(self.config)) as c:
                     rec = db.get(c, run_id)
                     rec.suites, rec.state, rec.finished_at = [suite("quick")], "PASSED", db.utc_now()
                     db.finish(c, rec)
