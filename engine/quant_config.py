@@ -1,8 +1,9 @@
 """The quantization config of a checkpoint: which modules are NVFP4, which stay BF16, under which naming.
 
 Reads ModelOpt's legacy `hf_quant_config.json` or an inline `config.json` `quantization_config`
-(ModelOpt `quant_method: modelopt`, or compressed-tensors `format: nvfp4-pack-quantized`), and writes
-them for the synthesizer. It decides per module NAME only; the loader checks that the tensors agree.
+(ModelOpt `quant_method: modelopt`, or compressed-tensors `format: nvfp4-pack-quantized`); the
+synthesizer writes them (tools/synth/files.py). It decides per module NAME only; the loader checks
+that the tensors agree.
 Exclude/ignore entries are fnmatch patterns (compressed-tensors' `re:` entries are regexes), matched
 against the module's full checkpoint name and against its name without the tower prefix.
 """
@@ -137,47 +138,3 @@ def read_quant_config(model_dir: Path, config: dict) -> QuantConfig:
         return _modelopt(expect_object(data["quantization"], str(legacy), "quantization"), str(legacy))
     return QuantConfig(None, "no quantization config")
 
-
-# ---- writers (the synthesizer's side) -------------------------------------------------------
-
-_PRODUCER = {"name": "modelopt", "version": "regate-synth"}
-
-
-def modelopt_dict(exclude: list[str], quantized_layers: dict[str, str] | None = None) -> dict:
-    """ModelOpt's `quantization` body: NVFP4 with excludes, or MIXED_PRECISION per layer."""
-    body = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-            "exclude_modules": list(exclude)}
-    if quantized_layers is not None:
-        body = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": list(exclude),
-                "quantized_layers": {m: {"quant_algo": a, "group_size": 16} for m, a in quantized_layers.items()}}
-    return body
-
-
-def modelopt_legacy_file(body: dict) -> dict:
-    return {"producer": _PRODUCER, "quantization": body}
-
-
-def modelopt_inline(body: dict) -> dict:
-    inline = {"quant_method": "modelopt", "producer": _PRODUCER, **body}
-    if "exclude_modules" in inline:
-        inline["ignore"] = inline.pop("exclude_modules")
-    return inline
-
-
-def _ct_group(targets: list[str], activations: bool) -> dict:
-    scheme = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
-              "symmetric": True, "dynamic": False, "observer": "minmax"}
-    act = {**scheme, "dynamic": "local", "observer": None} if activations else None
-    return {"targets": targets, "weights": scheme, "input_activations": act, "output_activations": None,
-            "format": CT_FORMAT}
-
-
-def compressed_tensors_inline(ignore: list[str], head_group: bool) -> dict:
-    """The tower as NVFP4 (W4A4 preset: it carries input scales); the head, when quantized, as its own
-    weight-only group (an output head never takes the FP4-activation path)."""
-    groups = {"group_0": _ct_group(["Linear"], activations=True)}
-    if head_group:
-        groups = {"group_0": _ct_group(["re:.*layers\\.\\d+\\..*"], activations=True),
-                  "group_1": _ct_group(["lm_head"], activations=False)}
-    return {"quant_method": "compressed-tensors", "format": CT_FORMAT, "quantization_status": "compressed",
-            "config_groups": groups, "ignore": list(ignore), "kv_cache_scheme": None}

@@ -25,6 +25,8 @@ Parts (docs/ENGINE.md, "python -m tools.attribution"):
 - `embed`: the embedding gather; `sample`: logits to tokens (FP32 logits, top-k, argmax);
 - `forward` is not a part: it marks the model's forward, so time in it outside every part is the
   measured `other` (residual adds, the SwiGLU activation and their Python).
+The attribution's side (the list of parts it expects, the part each projection's weight bytes are
+booked to, its own RUN range) is tools/attribution; the engine only marks.
 """
 from __future__ import annotations
 
@@ -35,20 +37,11 @@ import torch
 
 PREFIX = "part:"
 FORWARD = "regate:forward"  # the model's forward step (not a part: its own time is `other`)
-RUN = "regate:run"  # one whole generate() under attribution
 # One run of decode steps inside generate(), from the first step's launch (the prefill read back,
 # the device idle) to the last step read back: the window the attribution measures, so the host-bound
 # prefill's jitter (tens of ms between runs at 64 layers) stays out of the two-length difference.
 DECODE = "regate:decode"
-TOWER_FAMILIES = ("tower.qkvo", "tower.gate_up", "tower.down", "tower.in_proj", "tower.out_proj")
-PARTS = ("lm_head", *TOWER_FAMILIES, "delta_rule", "attention", "norm", "embed", "sample")
 MODES = ("kineto", "clock")
-
-# Projection name suffix -> family (names as the checkpoint spells them, `layers.3.self_attn.q_proj`).
-_FAMILY_OF = {"q_proj": "tower.qkvo", "k_proj": "tower.qkvo", "v_proj": "tower.qkvo", "o_proj": "tower.qkvo",
-              "gate_proj": "tower.gate_up", "up_proj": "tower.gate_up", "down_proj": "tower.down",
-              "in_proj_qkv": "tower.in_proj", "in_proj_z": "tower.in_proj", "in_proj_b": "tower.in_proj",
-              "in_proj_a": "tower.in_proj", "out_proj": "tower.out_proj"}
 
 _mode: str | None = None  # None: off
 _OFF = contextlib.nullcontext()
@@ -138,19 +131,6 @@ def scope(part: str):
 
 
 def marker(name: str):
-    """A range with a name of its own (FORWARD, RUN), on the same switch as the parts."""
+    """A range with a name of its own (FORWARD, DECODE, the attribution's RUN), on the parts' switch."""
     return _OFF if _mode is None else _range(name)
 
-
-def linear_part(name: str, role: str) -> str:
-    """The part a projection's GEMM runs in (its call site's scope) and its weight bytes are booked
-    to, from its role and its checkpoint name; tests/test_attribute.py checks the two agree."""
-    if role == "head":
-        return "lm_head"
-    # A projection outside the qwen3_5 families (a test's own Linear) is still timed, as tower.other.
-    return _FAMILY_OF.get(name.rsplit(".", 1)[-1], "tower.other")
-
-
-def part_of_range(name: str) -> str | None:
-    """`part:norm` -> `norm`; any other range name -> None."""
-    return name[len(PREFIX):] if name.startswith(PREFIX) else None

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from engine import scopes
 from tools.attribution.measure import attribute_arm
 from engine.floor import read_bandwidth
-from tools.attribution.traffic import bytes_per_part
+from tools.attribution.capture import PARTS, RUN, TOWER_FAMILIES
+from tools.attribution.traffic import bytes_per_part, linear_part
 from tools.attribution.cli import app
 from engine.commands.bench import synthetic_prompts
 from engine.engine import Engine
@@ -58,7 +59,7 @@ def test_scopes_off_record_nothing_and_on_add_only_their_ranges():
     finally:
         scopes.set_mode(previous)
     ranges = {n for n in on if n.startswith((scopes.PREFIX, "regate:"))}
-    assert ranges == {scopes.PREFIX + p for p in scopes.PARTS} | {scopes.FORWARD, scopes.DECODE}
+    assert ranges == {scopes.PREFIX + p for p in PARTS} | {scopes.FORWARD, scopes.DECODE}
     assert [n for n in on if not n.startswith((scopes.PREFIX, "regate:", "profiler::"))] == off
 
 
@@ -91,7 +92,7 @@ def test_every_gemm_runs_inside_the_part_its_weight_bytes_are_booked_to(monkeypa
         assert len(seen) == 3 * 8 + 7 + 1  # 3 Gated DeltaNet layers x 8 projections, 1 attention layer x 7, the head
         for name, calls in seen.items():
             (role, inside), = calls
-            assert inside == scopes.PREFIX + scopes.linear_part(name, role), (arm, name, inside)
+            assert inside == scopes.PREFIX + linear_part(name, role), (arm, name, inside)
         seen.clear()
 
 
@@ -161,10 +162,10 @@ def test_the_decode_window_is_one_decode_run_inside_the_run():
     def trace(*ranges):
         return capture.Trace(ranges=[{"id": i, "name": n, "start": a, "end": b, "thread": 0}
                                      for i, (n, a, b) in enumerate(ranges)])
-    assert capture.decode_window(trace((scopes.RUN, 0, 100), (scopes.DECODE, 40, 99))) == (40, 99)
-    for bad in (trace((scopes.RUN, 0, 100)),
-                trace((scopes.RUN, 0, 100), (scopes.DECODE, 10, 20), (scopes.DECODE, 30, 90)),
-                trace((scopes.RUN, 0, 100), (scopes.DECODE, 50, 120))):
+    assert capture.decode_window(trace((RUN, 0, 100), (scopes.DECODE, 40, 99))) == (40, 99)
+    for bad in (trace((RUN, 0, 100)),
+                trace((RUN, 0, 100), (scopes.DECODE, 10, 20), (scopes.DECODE, 30, 90)),
+                trace((RUN, 0, 100), (scopes.DECODE, 50, 120))):
         with pytest.raises(capture.AttributionError, match="expected one 'regate:decode' range .* found"):
             capture.decode_window(bad)
 
@@ -173,7 +174,7 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     eng, prompts = _engine(batch=2)
     r = attribute_arm(eng, prompts, (3, 11), iters=2, warmup=0)
     names = [p["name"] for p in r["parts"]]
-    assert names == [*scopes.PARTS, "other", "host"]
+    assert names == [*PARTS, "other", "host"]
     total = sum(p["ms_per_step"] for p in r["parts"])
     assert total == pytest.approx(r["profiled_ms_per_step"], rel=1e-9) == r["sum_of_parts_ms_per_step"]
     assert r["closure"] == pytest.approx(total / r["total_ms_per_step"], rel=1e-12)
@@ -182,7 +183,7 @@ def test_every_part_is_measured_and_the_parts_partition_the_profiled_step(one_th
     assert r["overhead_us_per_record"] == pytest.approx(
         (r["profiled_ms_per_step"] - r["total_ms_per_step"]) * 1e3 / r["records_per_step"])
     weights = bytes_per_part(eng.residency())
-    assert set(weights) == {"lm_head", *scopes.TOWER_FAMILIES}
+    assert set(weights) == {"lm_head", *TOWER_FAMILIES}
     assert sum(weights.values()) == eng.residency()["totals"]["bytes_per_decode_step"] == r["weight_bytes_per_step"]
     for p in r["parts"]:
         assert p.get("bytes_per_step") == weights.get(p["name"]), p
@@ -197,7 +198,7 @@ def test_the_kineto_recorder_sees_the_same_parts_on_the_cpu():
     _, trace = capture.profiled(lambda: eng.generate(prompts, 3), eng.device, recorder="kineto")
     parts = capture.host_parts(trace)
     lo, hi = capture.window(trace)
-    assert set(parts) == {*scopes.PARTS, "other", "host"}
+    assert set(parts) == {*PARTS, "other", "host"}
     assert sum(parts.values()) == pytest.approx(hi - lo, rel=1e-9)
     with pytest.raises(capture.AttributionError, match="recorder 'nvtx': expected kineto or clock"):
         capture.profiled(lambda: None, eng.device, recorder="nvtx")
@@ -283,7 +284,7 @@ class _Event:
     (_Event("Memset (Device)"), True),
     (_Event("part:lm_head"), False),  # a range's extent on the device timeline, not work
     (_Event("anything", annotation=True), False),
-    (_Event(scopes.RUN), False),
+    (_Event(RUN), False),
     (_Event("Context Sync"), False),
     (_Event("k", kind="kernel"), True),
     (_Event("part:norm", kind="gpu_user_annotation"), False),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import scopes
-from tools.attribution.capture import AttributionError, Trace, device_parts, eager_step_parts, host_parts
+from tools.attribution.capture import RUN, AttributionError, Trace, device_parts, eager_step_parts, host_parts
 from tools.attribution.timeline import Span, device_split, host_split
 
 
@@ -54,7 +54,7 @@ def _launch(corr, at, name="cudaLaunchKernel"):
 
 def _trace_with_launches():
     t = Trace()
-    t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 80), _rng(3, "part:norm", 12, 20),
+    t.ranges = [_rng(1, RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 80), _rng(3, "part:norm", 12, 20),
                 _rng(4, "part:lm_head", 40, 60)]
     t.launches = [_launch(11, 13), _launch(12, 41), _launch(13, 70), _launch(14, 4), _launch(15, 63),
                   _launch(16, 50)]
@@ -83,7 +83,7 @@ def test_host_parts_read_the_runs_thread_only():
 
 def _graph_trace(kernels_per_replay):
     t = Trace()
-    t.ranges = [_rng(1, scopes.RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 40), _rng(3, scopes.FORWARD, 50, 80)]
+    t.ranges = [_rng(1, RUN, 0, 100), _rng(2, scopes.FORWARD, 10, 40), _rng(3, scopes.FORWARD, 50, 80)]
     t.launches = [_launch(21, 11, "cudaGraphLaunch"), _launch(22, 51, "cudaGraphLaunch_v10000")]
     for corr, base in ((21, 12), (22, 52)):
         for i, name in enumerate(kernels_per_replay):
@@ -95,7 +95,7 @@ def _eager_trace():
     """An eager step: its inputs copied in before the run window, an id gather before the forward and
     the sampling after it (both captured in the graph too)."""
     t = Trace()
-    t.ranges = [_rng(1, scopes.RUN, 3, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
+    t.ranges = [_rng(1, RUN, 3, 50), _rng(2, scopes.FORWARD, 5, 45), _rng(3, "part:norm", 6, 10),
                 _rng(4, "part:lm_head", 20, 30), _rng(5, "part:sample", 46, 49)]
     t.launches = [_launch(31, 1, "cudaMemcpyAsync"), _launch(32, 7), _launch(33, 11), _launch(34, 21),
                   _launch(35, 4), _launch(36, 47)]
@@ -135,7 +135,7 @@ def test_graph_replays_that_differ_from_the_eager_step_are_refused():
 
 def test_a_trace_without_exactly_one_run_window_is_refused():
     t = _trace_with_launches()
-    t.ranges = [r for r in t.ranges if r["name"] != scopes.RUN]
+    t.ranges = [r for r in t.ranges if r["name"] != RUN]
     with pytest.raises(AttributionError, match="expected one 'regate:run' range, found 0"):
         device_parts(t)
 

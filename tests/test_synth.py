@@ -10,7 +10,8 @@ from tools.synth import cache as ckpt_cache
 from tools.synth import cli as make_checkpoint_cmd
 from engine.loader import load_checkpoint
 from nvfp4 import Nvfp4Weight
-from engine.presets import PRESETS, layout, text_config
+from engine.presets import layout
+from tools.synth.presets import PRESETS, text_config
 from tools.synth.checkpoint import make_checkpoint
 
 transformers = pytest.importorskip("transformers")

@@ -27,7 +27,7 @@ from orchestrator.driver.placement import Interrupted, PlacementError, note_plac
 from orchestrator.driver.provenance import Archive, archive
 from orchestrator.tarball import read_member
 from orchestrator.record import Box, Head, NotRun, Provenance, Record
-from orchestrator.owed import sync_from_record
+from orchestrator.owed import list_open, sync_from_record
 from orchestrator.report import render as report
 
 MANIFEST = "gates/gates.yaml"
@@ -195,7 +195,6 @@ def finish_run(config: Config, conn, record: Record, t0: float,
 def _render(conn, record: Record, reports_dir) -> bool:
     """Write the run's report with the open owed items of its head; False (and a not_run item) if not."""
     try:
-        from orchestrator.owed import list_open
         items = list_open(conn, record.head.sha, as_of=record.finished_at, run_id=record.run_id)
         report.render_run(record, reports_dir, owed=items)
         return True
@@ -218,7 +217,6 @@ def render_history(conn, record: Record, reports_dir) -> None:
 
 def _render_index(conn, reports_dir) -> None:
     try:
-        from orchestrator.owed import list_open
         report.render_index(db.list_runs(conn, 500), reports_dir, owed=list_open(conn))
     except Exception:  # the index is a convenience; the run's own page and row are already written
         pass

@@ -28,6 +28,10 @@ import torch
 from engine import scopes
 from tools.attribution.timeline import Span, device_split, host_split
 
+# The parts the engine marks (engine/scopes.py's docstring says what each covers), in report order.
+TOWER_FAMILIES = ("tower.qkvo", "tower.gate_up", "tower.down", "tower.in_proj", "tower.out_proj")
+PARTS = ("lm_head", *TOWER_FAMILIES, "delta_rule", "attention", "norm", "embed", "sample")
+RUN = "regate:run"  # one whole generate() under attribution, marked by this tool (scopes.marker)
 GAP = {"cpu": "host", "cuda": "idle"}
 OTHER = "other"
 # Device work the step is made of. Kineto also puts `gpu_user_annotation` spans (a range's extent
@@ -36,6 +40,11 @@ DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 # Device events that are neither work nor annotations: CUPTI's synchronization records (torch < 2.12
 # names them only; its events carry no activity type).
 SYNC_NAMES = ("Stream Wait Event", "Event Sync", "Context Sync", "Stream Sync", "cuda_sync")
+
+
+def part_of_range(name: str) -> str | None:
+    """`part:norm` -> `norm`; any other range name -> None."""
+    return name[len(scopes.PREFIX):] if name.startswith(scopes.PREFIX) else None
 
 
 def is_device_work(e) -> bool:
@@ -49,8 +58,8 @@ def is_device_work(e) -> bool:
     if annotation is not None and annotation():
         return False
     name = e.name()
-    return not name.startswith(SYNC_NAMES) and scopes.part_of_range(name) is None \
-        and name not in (scopes.FORWARD, scopes.RUN, scopes.DECODE)
+    return not name.startswith(SYNC_NAMES) and part_of_range(name) is None \
+        and name not in (scopes.FORWARD, RUN, scopes.DECODE)
 
 
 class AttributionError(RuntimeError):
@@ -92,7 +101,7 @@ def profiled(fn, device: torch.device, recorder: str | None = None, keep_meta: b
         _prepare_profiler(config, activities)
         _enable_profiler(config, activities, {RecordScope.USER_SCOPE})
         try:
-            with scopes.marker(scopes.RUN):
+            with scopes.marker(RUN):
                 out = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -106,7 +115,7 @@ def profiled(fn, device: torch.device, recorder: str | None = None, keep_meta: b
 def _clocked(fn) -> tuple[object, Trace]:
     previous = scopes.set_mode("clock")
     try:
-        with scopes.marker(scopes.RUN):
+        with scopes.marker(RUN):
             out = fn()
         log = scopes.clock_log()
     finally:
@@ -131,7 +140,7 @@ def ranges_of_log(log: list[tuple[str | None, int]]) -> list[dict]:
 
 
 def _ours(name: str) -> bool:
-    return scopes.part_of_range(name) is not None or name in (scopes.FORWARD, scopes.RUN, scopes.DECODE)
+    return part_of_range(name) is not None or name in (scopes.FORWARD, RUN, scopes.DECODE)
 
 
 def _trace(events, keep_meta: bool = False) -> Trace:
@@ -194,7 +203,7 @@ def _launch_ranges(trace: Trace) -> dict[int, dict | None]:
     """CUPTI correlation -> the innermost of our ranges open when the runtime call was made (the
     kernel's launch site). Read from the host timeline, not from the profiler's op links: those
     follow the external-correlation stack, which user scopes alone do not feed on every torch."""
-    thread = next((r["thread"] for r in trace.ranges if r["name"] == scopes.RUN), None)
+    thread = next((r["thread"] for r in trace.ranges if r["name"] == RUN), None)
     ranges = [r for r in trace.ranges if r["thread"] == thread]
     found = innermost(ranges, [c["start"] for c in trace.launches])
     return {c["corr"]: r for c, r in zip(trace.launches, found)}
@@ -202,9 +211,9 @@ def _launch_ranges(trace: Trace) -> dict[int, dict | None]:
 
 def window(trace: Trace) -> tuple[float, float]:
     """The whole profiled call: the RUN range."""
-    runs = [r for r in trace.ranges if r["name"] == scopes.RUN]
+    runs = [r for r in trace.ranges if r["name"] == RUN]
     if len(runs) != 1:
-        raise AttributionError(f"trace: expected one {scopes.RUN!r} range, found {len(runs)}")
+        raise AttributionError(f"trace: expected one {RUN!r} range, found {len(runs)}")
     return runs[0]["start"], runs[0]["end"]
 
 
@@ -222,14 +231,14 @@ def decode_window(trace: Trace) -> tuple[float, float]:
 
 
 def _range_part(name: str) -> str | None:
-    return scopes.part_of_range(name) or (OTHER if name == scopes.FORWARD else None)
+    return part_of_range(name) or (OTHER if name == scopes.FORWARD else None)
 
 
 def host_parts(trace: Trace, span: tuple[float, float] | None = None) -> dict[str, float]:
     """cpu: microseconds per part (+ `host`) of `span` (default the RUN window), from the ranges of
     the thread that ran it."""
     lo, hi = span or window(trace)
-    thread = next(r["thread"] for r in trace.ranges if r["name"] == scopes.RUN)
+    thread = next(r["thread"] for r in trace.ranges if r["name"] == RUN)
     spans = [Span(part, r["start"], r["end"]) for r in trace.ranges
              if r["thread"] == thread and (part := _range_part(r["name"])) is not None]
     return host_split(spans, (lo, hi), GAP["cpu"])

@@ -31,8 +31,8 @@ import statistics
 import torch
 
 from tools.attribution import capture
+from tools.attribution.capture import PARTS
 from tools.attribution.traffic import bytes_per_part
-from engine.scopes import PARTS
 
 SCHEMA_VERSION = 1
 

@@ -6,7 +6,21 @@ booked to. What the box can read is engine/floor.py's `read_bandwidth`, measured
 """
 from __future__ import annotations
 
-from engine.scopes import linear_part
+# Projection name suffix -> family (names as the checkpoint spells them, `layers.3.self_attn.q_proj`).
+_FAMILY_OF = {"q_proj": "tower.qkvo", "k_proj": "tower.qkvo", "v_proj": "tower.qkvo", "o_proj": "tower.qkvo",
+              "gate_proj": "tower.gate_up", "up_proj": "tower.gate_up", "down_proj": "tower.down",
+              "in_proj_qkv": "tower.in_proj", "in_proj_z": "tower.in_proj", "in_proj_b": "tower.in_proj",
+              "in_proj_a": "tower.in_proj", "out_proj": "tower.out_proj"}
+
+
+def linear_part(name: str, role: str) -> str:
+    """The part a projection's GEMM runs in (its call site's scope in engine/model) and its weight
+    bytes are booked to, from its role and its checkpoint name; tests/test_attribute.py checks the two
+    agree."""
+    if role == "head":
+        return "lm_head"
+    # A projection outside the qwen3_5 families (a test's own Linear) is still timed, as tower.other.
+    return _FAMILY_OF.get(name.rsplit(".", 1)[-1], "tower.other")
 
 
 def bytes_per_part(residency: dict) -> dict[str, int]:

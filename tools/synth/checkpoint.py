@@ -34,7 +34,8 @@ import torch
 
 import nvfp4
 from tools.synth.quantize_fast import quantize_fast
-from engine.presets import TensorSpec, get_preset, layout, text_config
+from engine.presets import TensorSpec, layout
+from tools.synth.presets import get_preset, text_config
 from tools.synth.files import plan_shards, write_checkpoint_files
 
 SYNTH_VERSION = 1

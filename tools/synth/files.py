@@ -67,17 +67,61 @@ def _write_shards(tmp: Path, shards: list[int], tensors: Iterator[dict]) -> None
         _write_json(tmp / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
+# The quantization config's writers; engine/quant_config.py reads what they write.
+_PRODUCER = {"name": "modelopt", "version": "regate-synth"}
+
+
+def modelopt_dict(exclude: list[str], quantized_layers: dict[str, str] | None = None) -> dict:
+    """ModelOpt's `quantization` body: NVFP4 with excludes, or MIXED_PRECISION per layer."""
+    body = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+            "exclude_modules": list(exclude)}
+    if quantized_layers is not None:
+        body = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "exclude_modules": list(exclude),
+                "quantized_layers": {m: {"quant_algo": a, "group_size": 16} for m, a in quantized_layers.items()}}
+    return body
+
+
+def modelopt_legacy_file(body: dict) -> dict:
+    return {"producer": _PRODUCER, "quantization": body}
+
+
+def modelopt_inline(body: dict) -> dict:
+    inline = {"quant_method": "modelopt", "producer": _PRODUCER, **body}
+    if "exclude_modules" in inline:
+        inline["ignore"] = inline.pop("exclude_modules")
+    return inline
+
+
+def _ct_group(targets: list[str], activations: bool) -> dict:
+    scheme = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+              "symmetric": True, "dynamic": False, "observer": "minmax"}
+    act = {**scheme, "dynamic": "local", "observer": None} if activations else None
+    return {"targets": targets, "weights": scheme, "input_activations": act, "output_activations": None,
+            "format": qc.CT_FORMAT}
+
+
+def compressed_tensors_inline(ignore: list[str], head_group: bool) -> dict:
+    """The tower as NVFP4 (W4A4 preset: it carries input scales); the head, when quantized, as its own
+    weight-only group (an output head never takes the FP4-activation path)."""
+    groups = {"group_0": _ct_group(["Linear"], activations=True)}
+    if head_group:
+        groups = {"group_0": _ct_group(["re:.*layers\\.\\d+\\..*"], activations=True),
+                  "group_1": _ct_group(["lm_head"], activations=False)}
+    return {"quant_method": "compressed-tensors", "format": qc.CT_FORMAT, "quantization_status": "compressed",
+            "config_groups": groups, "ignore": list(ignore), "kv_cache_scheme": None}
+
+
 def quant_body(naming: str, head: str, prefix: str, linears: list[str]) -> dict:
     """The quantization config that agrees with what `synth` writes."""
     exclude = ["mtp*"] + (["model.visual*"] if prefix == "model.language_model." else [])
     if head != "nvfp4":
         exclude.append("lm_head")
     if naming == "compressed-tensors":
-        return qc.compressed_tensors_inline(exclude, head_group=head == "nvfp4")
+        return compressed_tensors_inline(exclude, head_group=head == "nvfp4")
     if head == "nvfp4":  # as the public NVFP4 Qwen3.6-27B ships it: the head W4A16 via MIXED_PRECISION
         layers = {prefix + m: "NVFP4" for m in linears} | {"lm_head": "W4A16_NVFP4"}
-        return qc.modelopt_dict(exclude, layers)
-    return qc.modelopt_dict(exclude)
+        return modelopt_dict(exclude, layers)
+    return modelopt_dict(exclude)
 
 
 def _config_json(cfg: dict, prefix: str) -> dict:
@@ -96,7 +140,7 @@ def write_checkpoint_files(tmp: Path, cfg: dict, shards: list[int], tensors: Ite
     if naming == "compressed-tensors":
         config["quantization_config"] = body
     elif quant_config == "inline":
-        config["quantization_config"] = qc.modelopt_inline(body)
+        config["quantization_config"] = modelopt_inline(body)
     else:
-        _write_json(tmp / qc.LEGACY_FILE, qc.modelopt_legacy_file(body))
+        _write_json(tmp / qc.LEGACY_FILE, modelopt_legacy_file(body))
     _write_json(tmp / "config.json", config)

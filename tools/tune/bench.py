@@ -24,7 +24,7 @@ from kernels import table
 from kernels.nvfp4_gemm import nvfp4_gemm
 
 SCHEMA_VERSION = 2  # 2: rows gain kernel, triton_ms; config is the serving kernel's
-# Qwen3.5-27B (engine/presets.py): hidden 5120, intermediate 17408, 24 q heads x 256 (q_proj also
+# Qwen3.5-27B (tools/synth/presets.py): hidden 5120, intermediate 17408, 24 q heads x 256 (q_proj also
 # emits the output gate), 4 kv heads, vocab 248320. (N, K) per projection.
 SHAPES = {
     "lm_head": (248_320, 5120),
