@@ -31,12 +31,9 @@ from engine.options import DEFAULT, EngineOptions
 # of the batch, causal, the output gate fused), not the torch loop over sequences (~20 kernels a
 # sequence and layer, issued from the host): a 64-layer 128-token prefill 1.0625x faster, binding
 # (H100, 2026-12-07; the loop was the option prefill_attention=0 until then and stays the twin).
-# fused_sample: the decode step's greedy pick and top-k in two Triton launches (kernels/sample.py)
-# instead of torch's topk and argmax (~14 kernels, ~80 us a step on the H200 at a 248320 vocabulary).
-# The same values and ids bit for bit (tests/test_sample.py). On the H200 (64-layer 27b, 3 legs):
-# 6.454 -> 6.368 ms/step at batch 1, 8.730 -> 8.638 at batch 16, both binding
-# (docs/lab/2026-12-04-prefill-graphs.md); so on by default on CUDA since 96fe6ec (session 28) and the
-# only CUDA pick since 2026-12-07 (the option fused_sample=0 deleted: measured slower means removed).
+# The greedy pick and top-k run in two Triton launches (kernels/sample.py), not torch's topk and argmax
+# (~14 kernels): the same values and ids bit for bit, 1.3% faster a step at batch 1 on the H200
+# (docs/lab/2026-12-04-prefill-graphs.md; its option was deleted, docs/lab/2026-12-07-deleted-switches.md).
 # torch's pick stays the CPU backend's and the kernel's twin (a test sets runner.sample_kernel = None).
 
 

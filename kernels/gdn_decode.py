@@ -1,7 +1,8 @@
 """The decode step of Gated DeltaNet in two Triton kernels, against ~45 torch ops in the reference
 (engine.model.gated_deltanet._decode + engine.model.delta_rule.recurrent_gated_delta_rule +
-engine.model.norm.gated_rms_norm), which read and write the FP32 state [Hv, Dk, Dv] of every
-sequence ~8 times per layer.
+engine.model.norm.gated_rms_norm), which read and write the state [Hv, Dk, Dv] of every sequence
+~8 times per layer. The state is FP16 in memory by default (FP32: the option recurrent_state=fp32,
+the precision reference) and FP32 in registers either way.
 
 - `conv_step`: the depthwise causal conv at one position for every channel, SiLU, and the conv
   window shifted in place. Its own kernel because each q/k channel feeds Hv/Hk value heads: fused
