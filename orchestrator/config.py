@@ -245,8 +245,7 @@ def _count(v, where: str, key: str) -> int:
 
 
 def _box(raw: object, where: str, key: str) -> BoxConfig:
-    d = _mapping(raw, where, key, ("name", "lock_path", "gpus", "required_markers", "idle", "isolation",
-                                   "build_cache", "pool"), required=("name",))
+    d = _mapping(raw, where, key, tuple(BoxConfig.__dataclass_fields__), required=("name",))
     name = _name(d["name"], where, f"{key}.name")
     pool = None if d.get("pool") is None else _name(d["pool"], where, f"{key}.pool")
     gpus = _count(d.get("gpus", 0), where, f"{key}.gpus")

@@ -254,11 +254,6 @@ def _unverified(idem_key: str, state: str, blob: str, mac: str | None, key: byte
     return None
 
 
-def find_reusable(conn: sqlite3.Connection, idem_key: str) -> Record | None:
-    """`reusable`'s record alone: a verified finished identical run, or None."""
-    return reusable(conn, idem_key).record
-
-
 def last_green(conn: sqlite3.Connection, box: str | tuple[str, ...]) -> str | None:
     """The sha of the newest PASSED gate on `box` (or on any of several: a pool's boxes; a partial
     pass included: nothing it ran was red), None when there is none. A comparison is not a gate: its

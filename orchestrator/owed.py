@@ -17,13 +17,10 @@ when one is open (`db.finish` syncs inside its own), else run in one of their ow
 from __future__ import annotations
 
 import sqlite3
-from datetime import datetime, timezone
 
-from orchestrator.db import load, transaction
+from orchestrator.db import load, transaction, utc_now
 from orchestrator.record import Record, RecordError
-from orchestrator.report.claims import ANY_GPU, claims, gate_claims, where_measured
-
-UNKNOWN = "unknown"  # where a row migrated from an older ledger was measured, when its run is gone
+from orchestrator.report.claims import ANY_GPU, UNKNOWN, claims, gate_claims, where_measured
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS owed (
@@ -54,10 +51,6 @@ _COLUMNS = ("id", "what", "head_sha", "cell", "backend", "gpu", "label", "reason
 
 class OwedError(ValueError):
     """A ledger request that cannot be honoured; the message names the item or field."""
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:
@@ -110,7 +103,7 @@ def _open_or_refresh(conn, claim: dict, head: str, run_id: str) -> tuple[str, in
         "INSERT INTO owed (what, head_sha, cell, backend, gpu, label, reason, legs_needed, opened_by, opened_at,"
         " last_seen_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (claim["what"], head, claim["cell"], claim["backend"], claim["gpu"], claim["label"], reason,
-         claim.get("legs_needed"), run_id, _now(), run_id))
+         claim.get("legs_needed"), run_id, utc_now(), run_id))
     return "opened", cur.lastrowid
 
 
@@ -119,8 +112,8 @@ def _settle(conn, claim: dict, head: str, run_id: str) -> list[int]:
     where = claim["backend"] + ("" if claim["gpu"] in ("none", ANY_GPU) else f" {claim['gpu']}")
     for row in rows:
         conn.execute("UPDATE owed SET state='settled', closed_by=?, closed_at=?, close_reason=? WHERE id=?",
-                     (run_id, _now(), f"{claim['what']} {claim['state']} in run {run_id} on {where}: "
-                                      f"{claim['text']}", row["id"]))
+                     (run_id, utc_now(), f"{claim['what']} {claim['state']} in run {run_id} on {where}: "
+                                         f"{claim['text']}", row["id"]))
     return [r["id"] for r in rows]
 
 
@@ -141,7 +134,9 @@ def sync_from_record(conn: sqlite3.Connection, record: Record | dict) -> dict[st
         raise OwedError(f"run record {run_id or '?'}: head.sha and run_id are required to sync the owed ledger")
     with transaction(conn):
         ensure_schema(conn)
-        for established, owed in _claims(record):
+        # each claim stamped with where it was measured (`claims.claims`), then the suites this box ran,
+        # which settle a gate owed for them
+        for established, owed in (claims(record), (gate_claims(record)[0], [])):
             for claim in owed:
                 kind, item_id = _open_or_refresh(conn, claim, head, run_id)
                 out[kind].append(item_id)
@@ -154,12 +149,6 @@ def _ran_to_its_end(record: Record) -> bool:
     """Only a run that ended PASSED or FAILED, never interrupted, settles: the suites an ERROR, LOST or
     interrupted run finished are not a gate that ran, so its "CUDA gates not run" items stay open."""
     return record.state in ("PASSED", "FAILED") and record.interrupted is None
-
-
-def _claims(record: Record) -> list[tuple[list[dict], list[dict]]]:
-    """(established, owed), each stamped with where it was measured (`claims.claims`), then the
-    suites this box ran, which settle a gate owed for them."""
-    return [claims(record), (gate_claims(record)[0], [])]
 
 
 def list_open(conn: sqlite3.Connection, head_sha: str | None = None, as_of: str | None = None,
@@ -192,5 +181,5 @@ def close(conn: sqlite3.Connection, item_id: int, reason: str) -> dict:
         if row["state"] != "open":
             raise OwedError(f"owed item {item_id}: already {row['state']} ({row['close_reason']})")
         conn.execute("UPDATE owed SET state='closed', closed_by='person', closed_at=?, close_reason=? WHERE id=?",
-                     (_now(), reason.strip(), item_id))
+                     (utc_now(), reason.strip(), item_id))
     return {**row, "state": "closed", "closed_by": "person", "close_reason": reason.strip()}

@@ -174,12 +174,12 @@ def test_ledger_state_machine(tmp_path):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     rec = _record()
     db.insert_queued(conn, rec, "key1")
-    assert db.find_reusable(conn, "key1") is None  # only finished runs are reused
+    assert db.reusable(conn, "key1").record is None  # only finished runs are reused
     db.mark_running(conn, rec, "task-1")
     assert db.state_of(conn, "r1") == "RUNNING"
     rec.state, rec.finished_at = "PASSED", db.utc_now()
     db.finish(conn, rec)
-    assert db.find_reusable(conn, "key1").state == "PASSED"
+    assert db.reusable(conn, "key1").record.state == "PASSED"
     assert db.get(conn, "r").run_id == "r1" and [r.run_id for r in db.list_runs(conn)] == ["r1"]
     with pytest.raises(KeyError, match="no run 'zz'"):
         db.get(conn, "zz")

@@ -138,7 +138,7 @@ def test_an_untouched_record_is_reused(tmp_path, state):
     _finished(conn, state)
     reuse = db.reusable(conn, "key1")
     assert reuse.record.state == state and reuse.refused is None
-    assert db.find_reusable(conn, "key1").run_id == "r1"
+    assert db.reusable(conn, "key1").record.run_id == "r1"
     assert (tmp_path / "record-key").is_file()  # each ledger its own key, beside it
 
 
@@ -170,7 +170,7 @@ def test_a_failed_run_rewritten_to_passed_by_the_head_is_refused(tmp_path, forge
     _finished(conn, "FAILED")
     sql, *args = FORGERIES[forgery]
     _as_a_head(path, sql, *[_passed_json(path) for _ in args])
-    assert db.find_reusable(conn, "key1") is None
+    assert db.reusable(conn, "key1").record is None
     reuse = db.reusable(conn, "key1")
     assert reuse.record is None and reuse.refused is not None
     assert "run r1 (" in reuse.refused.why and "does not verify" in reuse.refused.why

@@ -26,7 +26,7 @@ def write(record: Record, junit: Optional[Path], status: Optional[Path], report_
     from orchestrator.report.render import write_atomic
     files = [("--junit", junit, lambda: junit_xml(record)),
              ("--commit-status", status, lambda: json.dumps(commit_status(record, report_url)) + "\n"),
-             ("--markdown", markdown, lambda: markdown_text(record))]
+             ("--markdown", markdown, lambda: (markdown_text or _markdown)(record))]
     for option, path, text in files:
         if path is None:
             continue
@@ -35,3 +35,9 @@ def write(record: Record, junit: Optional[Path], status: Optional[Path], report_
             write_atomic(path, text())
         except OSError as e:
             raise OSError(f"{option} {path}: cannot write: {e.strerror or e} (the run is recorded: {record.run_id})") from None
+
+
+def _markdown(record: Record) -> str:
+    """The report as a PR body: a comparison's own (report/compare.py), else the run's."""
+    from orchestrator.report import compare, render
+    return compare.markdown(record) if record.kind == "compare" else render.render_markdown(record)

@@ -104,7 +104,7 @@ def compare(
     kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
     _final_lines(record, err, kept)
     try:
-        ci_files.write(record, junit, commit_status, report_url, markdown, _markdown)
+        ci_files.write(record, junit, commit_status, report_url, markdown)
     except OSError as e:
         _fail(err, str(e), as_json)
     print(state_line(record))
@@ -112,11 +112,6 @@ def compare(
         print(json.dumps(summary(record)))
     sys.stdout.flush()
     raise typer.Exit(exit_code(record))
-
-
-def _markdown(record: Record) -> str:
-    from orchestrator.report.compare import markdown
-    return markdown(record)
 
 
 def register(app: typer.Typer) -> None:

@@ -115,11 +115,6 @@ def _final_lines(record: Record, console: Console, ray_log=None) -> None:
         console.print(f"  Ray's own log: {ray_log}", highlight=False, markup=False)
 
 
-def _markdown(record: Record) -> str:
-    from orchestrator.report.render import render_markdown
-    return render_markdown(record)
-
-
 def state_line(record: Record) -> str:
     """The last line a person or a CI log reads, on stdout (before the JSON line, if any)."""
     return f"{record.shown_state}: run {record.run_id}  report: {record.report_path}"
@@ -176,7 +171,7 @@ def gate(
     kept = ray_log.keep(logs_dir(cfg.db_path) / f"ray-{record.run_id}.log")
     _final_lines(record, err, kept)
     try:
-        ci_files.write(record, junit, commit_status, report_url, markdown, _markdown)
+        ci_files.write(record, junit, commit_status, report_url, markdown)
     except OSError as e:
         say(e)
         if as_json:

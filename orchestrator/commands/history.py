@@ -5,6 +5,7 @@ reports directory's `history/`. `--json`: one line per run and cell."""
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from typing import Optional
 
 import typer
@@ -30,11 +31,8 @@ def history(grid: str = typer.Option(..., "--grid", metavar="SPEC", help="the gr
         fail(e)
     if not cfg.db_path.exists():
         fail(f"no runs recorded yet: {cfg.db_path} does not exist")
-    conn = db.connect(cfg.db_path)
-    try:
+    with closing(db.connect(cfg.db_path)) as conn:
         records = db.list_runs(conn, limit)
-    finally:
-        conn.close()
     found = histories(records, grid, cell, box)
     if not found:
         fail(f"no finished run measured grid {grid!r}" + (f" cell {cell!r}" if cell else "")

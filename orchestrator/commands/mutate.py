@@ -28,10 +28,6 @@ from orchestrator.tarball import unpack
 from orchestrator.errors import fail
 
 
-class UsageError(Exception):
-    pass
-
-
 def mutate(head: str, repo: str | Path = ".", pins: list[str] | None = None,
            python: str = sys.executable, progress=None) -> dict:
     """Archive `head` of `repo` into a temp tree and run the pins there; returns

@@ -35,8 +35,7 @@ def _conn(config: Optional[str]):
 
 def _base(record) -> str | None:
     """A comparison's base sha (None for a gate or a grid)."""
-    comp = record.compare
-    return comp.base.sha if comp is not None and comp.base is not None else None
+    return record.compare.base.sha if record.compare is not None else None
 
 
 def runs(config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),

@@ -15,6 +15,7 @@ only indicated or owed is in the owed ledger), ERROR / LOST as for a gate.
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
@@ -26,7 +27,7 @@ from grids.spec import GridSpec
 from orchestrator import db
 from orchestrator.box.compare import CompareSpec
 from orchestrator.config import Config
-from orchestrator.driver.gate import _render_index, sync_from_record, harness_for, hidden_paths, render_history
+from orchestrator.driver.gate import finish_stored, harness_for, hidden_paths
 from orchestrator.driver.grid_check import RequestError, check_grid, read_grid
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import Archive, ProvenanceError, archive
@@ -112,8 +113,7 @@ def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str 
         raise CompareRequestError(f"--grid: {e} (the spec is read from the head's tree: commit it there)") from None
     progress({"event": "step", "step": "archive", "status": "done",
               "detail": f"base {pair.base.sha[:12]} md5 {pair.base.md5}, head {pair.head.sha[:12]} md5 {pair.head.md5}"})
-    conn = db.connect(config.db_path)
-    try:
+    with closing(db.connect(config.db_path)) as conn:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
         record = new_record(pair, label, grid, arm, run_id or db.new_run_id(pair.head.sha))
         harness = harness_for(config, pair.head)
@@ -124,8 +124,6 @@ def run_compare(config: Config, base: str, head: str, repo: str = ".", box: str 
         sides = record.compare  # the driver's halves; the box's job brings its own (`Record.merge`)
         _run_on_ray(config, conn, spec, pair, record, progress, address or config.ray_address, harness, pool)
         return finish_placed(config, conn, record, sides, t0)
-    finally:
-        conn.close()
 
 
 def box_spec(config: Config, run_id: str, pair: Pair, box_cfg, grid: str, arm: str | None,
@@ -159,12 +157,9 @@ def judge_record(record: Record) -> None:
     if record.state == "LOST":
         comp.outcome = "lost"
         return
-    if record.error:
+    if record.error or not comp.cells:
         record.state, comp.outcome = "ERROR", "error"
-        return
-    if not comp.cells:
-        record.state, comp.outcome = "ERROR", "error"
-        record.error = "no cell was measured, so nothing was compared"
+        record.error = record.error or "no cell was measured, so nothing was compared"
         return
     unjudged = len(cells) - len(comp.cells)
     if unjudged:
@@ -220,22 +215,9 @@ def finish_placed(config: Config, conn, record: Record, sides: Compare, t0: floa
 
 
 def finish_compare(config: Config, conn, record: Record, t0: float) -> Record:
-    """Judge, store (the row and the owed ledger in one transaction), render the HTML and Markdown."""
+    """Judge, then store (the row and the owed ledger in one transaction) and render the HTML and
+    Markdown, as a gate's run is (`gate.finish_stored`)."""
     from orchestrator.report import compare as report
-    record.finished_at = db.utc_now()
-    record.timings["total_s"] = round(time.monotonic() - t0, 3)
     judge_record(record)
     _link_gates(conn, record)
-    record.report_path = str(report.report_path(config.reports_dir, record))
-    db.finish(conn, record, sync=sync_from_record)
-    t = time.monotonic()
-    try:
-        report.render(record, config.reports_dir)
-    except Exception as e:  # a report bug must not lose a result
-        record.report_path = None
-        record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
-    _render_index(conn, config.reports_dir)
-    render_history(conn, record, config.reports_dir)
-    record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
-    db.store(conn, record)
-    return record
+    return finish_stored(config, conn, record, t0, lambda: report.render(record, config.reports_dir))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +24,6 @@ from orchestrator.driver import live
 from orchestrator.driver.grid_check import check_grid
 from orchestrator.driver.harness import Harness, trusted_harness
 from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
-
 from orchestrator.driver.provenance import Archive, archive
 from orchestrator.tarball import read_member
 from orchestrator.record import Box, Head, NotRun, Provenance, Record
@@ -86,6 +86,14 @@ def hidden_paths(config: Config) -> tuple[str, ...]:
     return tuple(sorted({str(Path(config.db_path).resolve().parent), str(Path(config.reports_dir).resolve())}))
 
 
+def job_spec(config: Config, run_id: str, arch: Archive, box_cfg, grid: str | None, hooks: tuple[str, ...] = (),
+             accept_sacred: bool = False, accept_gate_change: bool = False) -> JobSpec:
+    """What the box runs for a gate (the CLI's and the service's queue's alike)."""
+    return JobSpec(run_id, arch.sha, arch.md5, box_cfg, config.timeouts.build_s, config.timeouts.lock_s,
+                   config.timeouts.idle_wait_s, str(config.work_dir) if config.work_dir else None, grid,
+                   tuple(hooks), None, accept_sacred, accept_gate_change, hidden_paths(config))
+
+
 def new_record(arch: Archive, box: str, run_id: str) -> Record:
     return Record(run_id=run_id, state="QUEUED", head=Head(rev=arch.rev, sha=arch.sha, repo=arch.repo),
                   created_at=db.utc_now(), box=Box(name=box),
@@ -108,8 +116,7 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
     archive_s = time.monotonic() - t0
     progress({"event": "step", "step": "archive", "status": "done",
               "detail": f"{arch.sha[:12]} {len(arch.tarball)} bytes md5 {arch.md5}; judged by {describe(harness)}"})
-    conn = db.connect(config.db_path)
-    try:
+    with closing(db.connect(config.db_path)) as conn:
         db.mark_stale_lost(conn, config.timeouts.stale_s)
         key = idempotency_key(arch, grid, label, digest, accept_sacred, accept_gate_change, harness.digest)
         reuse = db.reusable(conn, key)  # also under --force: a bad record key stops us before a row exists
@@ -123,14 +130,9 @@ def run_gate(config: Config, rev: str, repo: str = ".", box: str | None = None, 
             record.not_run.append(reuse.refused)
         record.timings["archive_s"] = round(archive_s, 3)
         db.insert_queued(conn, record, key)
-        spec = JobSpec(record.run_id, arch.sha, arch.md5, box_cfg, config.timeouts.build_s,
-                       config.timeouts.lock_s, config.timeouts.idle_wait_s,
-                       str(config.work_dir) if config.work_dir else None, grid, tuple(hooks),
-                       None, accept_sacred, accept_gate_change, hidden_paths(config))
+        spec = job_spec(config, record.run_id, arch, box_cfg, grid, hooks, accept_sacred, accept_gate_change)
         return _run_on_ray(config, spec, arch, record, conn, progress, address or config.ray_address, t0, harness,
                            pool)
-    finally:
-        conn.close()
 
 
 def _run_on_ray(config, spec, arch, record: Record, conn, progress, address, t0, harness: Harness,
@@ -172,35 +174,38 @@ def _start_ray(address, box, progress: Progress) -> bool:
 def finish_run(config: Config, conn, record: Record, t0: float,
                decide: Callable[[Record], str] = decide) -> Record:
     """End a run and store it: the final state (`decide`, a gate's by default; a standalone grid
-    passes its own; a LOST record stays LOST), finished_at and total_s (from monotonic `t0`), then
-    the row and the owed-ledger sync in one transaction, then the HTML report, rendered once, with
-    the open owed items that sync left for its head, and the index.
-    Returns `record`. A report failure lands in not_run (and the row); it never loses the result."""
+    passes its own; a LOST record stays LOST), then `finish_stored`, whose HTML report shows the open
+    owed items that the ledger's sync left for its head. Returns `record`."""
     if record.state != "LOST":
         record.state = decide(record)
+
+    def render() -> None:
+        items = list_open(conn, record.head.sha, as_of=record.finished_at, run_id=record.run_id)
+        report.render_run(record, config.reports_dir, owed=items)
+    return finish_stored(config, conn, record, t0, render)
+
+
+def finish_stored(config: Config, conn, record: Record, t0: float, render: Callable[[], object]) -> Record:
+    """Store a decided run (a gate's, a grid's, a comparison's): finished_at and total_s (from
+    monotonic `t0`), the row and the owed-ledger sync in one transaction, then its report (`render`),
+    rendered once, the index and the history pages. Returns `record`. A report failure lands in
+    not_run (and the row); it never loses the result."""
     record.finished_at = db.utc_now()
     record.timings["total_s"] = round(time.monotonic() - t0, 3)
     record.report_path = str(Path(config.reports_dir) / report.report_name(record.run_id))  # where it will be
     db.finish(conn, record, sync=sync_from_record)
     t = time.monotonic()
-    if not _render(conn, record, config.reports_dir):
+    try:
+        render()
+    except Exception as e:  # a report bug must not lose a result
         record.report_path = None  # the row says why there is no report
-    _render_index(conn, config.reports_dir)
+        record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
+    with suppress(Exception):  # the index is a convenience; the run's own page and row are already written
+        report.render_index(db.list_runs(conn, 500), config.reports_dir, owed=list_open(conn))
     render_history(conn, record, config.reports_dir)
     record.timings["report_s"] = round(time.monotonic() - t, 3)  # in the row (and `show`), not in the page
     db.store(conn, record)
     return record
-
-
-def _render(conn, record: Record, reports_dir) -> bool:
-    """Write the run's report with the open owed items of its head; False (and a not_run item) if not."""
-    try:
-        items = list_open(conn, record.head.sha, as_of=record.finished_at, run_id=record.run_id)
-        report.render_run(record, reports_dir, owed=items)
-        return True
-    except Exception as e:  # a report bug must not lose a gate result
-        record.not_run.append(NotRun(what="HTML report", why=f"rendering failed: {type(e).__name__}: {e}"))
-        return False
 
 
 def render_history(conn, record: Record, reports_dir) -> None:
@@ -208,15 +213,6 @@ def render_history(conn, record: Record, reports_dir) -> None:
     spec = (record.grid or {}).get("spec")
     if not spec or record.state not in ("PASSED", "FAILED"):
         return
-    try:
+    with suppress(Exception):  # like the index: a convenience, never a lost result
         from orchestrator.report.history import render_pages
         render_pages(db.list_runs(conn, 1000), reports_dir, spec)  # the run is stored: it is among them
-    except Exception:  # like the index: a convenience, never a lost result
-        pass
-
-
-def _render_index(conn, reports_dir) -> None:
-    try:
-        report.render_index(db.list_runs(conn, 500), reports_dir, owed=list_open(conn))
-    except Exception:  # the index is a convenience; the run's own page and row are already written
-        pass

@@ -13,13 +13,10 @@ class RequestError(ValueError):
 
 def check_grid(arch: Archive, grid: str) -> str:
     """The grid spec as the box will name it (relative to the repository root), after checking the head
-    has it and it parses (types, bounds: grids.spec); QueueError otherwise, before anything runs.
+    has it and it parses (types, bounds: grids.spec); RequestError otherwise, before anything runs.
     The API's queueing and the CLI's `gate --grid` both call it."""
     try:
         grid = repo_relative(grid, arch.repo)
-    except SpecError as e:
-        raise RequestError(str(e)) from None
-    try:
         read_grid(arch, grid)
     except SpecError as e:
         raise RequestError(str(e)) from None  # names the spec, the head and the key

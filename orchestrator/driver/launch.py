@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -134,8 +135,6 @@ def _read(proc: subprocess.Popen, lines: list[dict]) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> float:
-    try:
+    with suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     return time.monotonic()

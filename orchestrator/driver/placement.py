@@ -186,9 +186,7 @@ def node_labels(box: BoxConfig) -> dict[str, str]:
 def job_resources(box: BoxConfig, pool: str | None) -> dict[str, float]:
     """What a job asks Ray for: one slot of the pool, or the named box's slot plus its pool slot (a
     pool job placed there would otherwise run beside it: the pool slot is the box's second lock)."""
-    if pool is not None:
-        return {pool_resource(pool): 1}
-    return node_resources(box)
+    return {pool_resource(pool): 1} if pool is not None else node_resources(box)
 
 
 def cluster_boxes(resources: dict[str, float]) -> list[str]:

@@ -30,7 +30,6 @@ class Archive:
     md5: str
 
 
-
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=300)
 

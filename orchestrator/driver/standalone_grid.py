@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import closing, suppress
 from pathlib import Path
 
 from orchestrator import db
@@ -96,15 +97,10 @@ class _Heartbeat:
         self._thread.start()
 
     def _run(self, db_path: Path, run_id: str, every_s: float) -> None:
-        conn = db.connect(db_path)
-        try:
+        with closing(db.connect(db_path)) as conn:
             while not self._stop.wait(every_s):
-                try:
+                with suppress(Exception):  # a busy database this once: the next beat comes before stale_s
                     db.beat(conn, run_id)
-                except Exception:  # a busy database this once: the next beat comes before stale_s
-                    pass
-        finally:
-            conn.close()
 
     def stop(self) -> None:
         self._stop.set()

@@ -37,10 +37,7 @@ def _arm(name: str, r: dict) -> dict:
 
 
 def _order(arms: list[dict]) -> list[str]:
-    names: list[str] = []
-    for a in arms:
-        names += [n for n in a["parts"] if n not in names]
-    return names
+    return list(dict.fromkeys(n for a in arms for n in a["parts"]))
 
 
 def _difference(a: dict, b: dict, names: list[str]) -> list[dict]:

@@ -43,7 +43,6 @@ def page_name(spec: str, key: str) -> str:
     return f"{slug}-{hashlib.sha256(f'{spec}|{key}'.encode()).hexdigest()[:10]}.html"
 
 
-
 def cell_label(cell: dict) -> str:
     """What people call the cell: the spec's label, else its key."""
     return str(cell.get("label") or cell_key(cell))

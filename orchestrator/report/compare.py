@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jinja2
-
 from grids import metric
 from grids.spec import Policy
 from orchestrator.report import options
@@ -20,25 +18,15 @@ from orchestrator.report.phases import leg_insides, phases
 from orchestrator.record import Compare, Record, Side
 from orchestrator.report import claims as claims_mod
 from orchestrator.report import view as run_view
-from orchestrator.report.render import report_name, write_atomic
-
-_TEMPLATES = Path(__file__).with_name("templates")
+from orchestrator.report.render import _env as _run_env, report_name, write_atomic
 
 
-def _legs(xs) -> str:
-    return ", ".join(f"{x:.3f}" for x in xs or [])
-
-
-def _env(autoescape: bool) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=autoescape,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
+def _env(autoescape: bool):
+    """The run report's environment and filters; a comparison's legs may be absent, its lines uncut."""
+    env = _run_env(autoescape)
     env.filters.update({
-        "legs": _legs,
+        "legs": lambda xs: ", ".join(f"{x:.3f}" for x in xs or []),
         "ratio": lambda x: "—" if x is None else f"{x:.4f}",
-        "ci": lambda ci: "—" if not ci or None in ci else f"[{ci[0]:.4f}, {ci[1]:.4f}]",
-        "pct": lambda x: "—" if x is None else f"{x:.2%}",
-        "num": lambda x: "—" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x),
         "oneline": lambda t: " ".join(str(t or "").split()).replace("|", "\\|"),
     })
     return env
@@ -63,7 +51,6 @@ def _side(side: Side) -> dict:
     return {"rev": side.rev, "sha": side.sha, "short": (side.sha or "?")[:12], "md5_driver": side.md5_driver,
             "md5_box": side.md5_box, "archive_bytes": side.archive_bytes,
             "md5_match": None if not (side.md5_driver and side.md5_box) else side.md5_driver == side.md5_box,
-            "gate": None,
             "markers": build.markers if build else [], "missing": build.missing if build else [],
             "build_s": build.duration_s if build else None,
             "build_dir": _dir_state(build.cache) if build and build.cache else None}

@@ -129,8 +129,7 @@ def render_pages(records: list[Record], reports_dir, spec: str, cell: str | None
 def _rows(h: CellHistory) -> list[dict]:
     rows, previous = [], None
     for p in h.points:
-        med = p.medians()
-        rows.append({**p.to_json(), "medians": med, "previous": previous,
+        rows.append({**p.to_json(), "previous": previous,
                      "ci_text": f"[{p.ci[0]:.4f}, {p.ci[1]:.4f}]" if p.ci and None not in p.ci else "—"})
         previous = p.run_id
     return rows

@@ -46,8 +46,11 @@ def _oneline(text, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _filters() -> dict:
-    return {
+def _env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=autoescape,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update({
         "gib": _bytes,
         "dgib": lambda b: _bytes(b, signed=True),
         "pct": lambda x: "—" if x is None else f"{x:.2%}",
@@ -59,14 +62,7 @@ def _filters() -> dict:
         "dms": lambda x: "—" if x is None else f"{x:+.4f}",
         "data_uri": view.data_uri,
         "oneline": _oneline,
-    }
-
-
-def _env(autoescape: bool) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=autoescape,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
-    env.filters.update(_filters())
+    })
     return env
 
 

@@ -224,10 +224,8 @@ def _phase_lines(record: Record) -> list[Text]:
 
 
 def _builds(record: Record) -> list:
-    comp = record.compare
-    if comp is not None and (comp.base is not None or comp.head is not None):
-        return [(f" {side}", getattr(getattr(comp, side), "build", None)) for side in ("base", "head")
-                if getattr(comp, side) is not None]
+    if record.compare is not None:  # a comparison: each side's build (a Side is never None: record.py)
+        return [(f" {side}", getattr(record.compare, side).build) for side in ("base", "head")]
     return [("", record.build)]
 
 

@@ -28,10 +28,11 @@ from orchestrator.service import schedule
 from orchestrator.service import queue as service_queue
 from orchestrator.config import Config, ConfigError, pool_label
 from orchestrator.service.http_api import ApiServer, BadRequest, NotFound, serve_in_thread
+from orchestrator.driver.placement import CANCEL_WAIT_S
 from orchestrator.driver.provenance import ProvenanceError, resolve
 from orchestrator.record import Record
 from orchestrator.service.schedule import Clock, Schedule, Scheduler, SystemClock
-from orchestrator.service.run import CANCEL_WAIT_S, RayHandle, finish, retry_orphan, run_queued
+from orchestrator.service.run import RayHandle, finish, retry_orphan, run_queued
 
 log = logging.getLogger("regate.service")
 
@@ -113,8 +114,7 @@ class Service:
 
     def start(self) -> str:
         """Reconcile, then start serving and working; returns the URL served."""
-        conn = connect(self.config)
-        try:
+        with closing(connect(self.config)) as conn:
             requeued = service_queue.release_unstarted(conn)
             service_queue.beat_queued(conn)
             # what a previous life was running: LOST once past the deadline (now, at a later sweep, or
@@ -123,8 +123,6 @@ class Service:
             lost = service_queue.retry_swept(conn, self._retry)
             lost += service_queue.reconcile(conn, self.config.timeouts.stale_s, self._retry)
             abandoned = schedule.reconcile_claimed(conn)
-        finally:
-            conn.close()
         log.info("start: %d queued job(s) requeued, %d run(s) LOST, %d firing(s) abandoned",
                  requeued, len(lost), abandoned)
         self.server = ApiServer(Backend(self.config, self.repo), self.host, self.port, self.token, self.names)
@@ -189,8 +187,7 @@ class Service:
     def _work(self, box: str, pool: str | None) -> None:
         """One job at a time: the oldest of this box's or its pool's. The pool's workers, one per box,
         hand Ray as many pool jobs as the pool has boxes; Ray places each on an idle one."""
-        conn = connect(self.config)
-        try:
+        with closing(connect(self.config)) as conn:
             while not self.stop.is_set():
                 try:
                     job = service_queue.claim_next(conn, box, pool)
@@ -207,8 +204,6 @@ class Service:
                 except Exception:  # a bug here must not kill the worker or leave the run RUNNING forever
                     log.exception("box %s: run %s crashed in the service", box, job.run_id)
                     _record_crash(self.config, conn, job.run_id)
-        finally:
-            conn.close()
 
     def shutdown(self) -> None:
         self.stop.set()

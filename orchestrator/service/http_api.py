@@ -32,6 +32,7 @@ import re
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -248,11 +249,9 @@ class Handler(BaseHTTPRequestHandler):
     def _read_exactly(self, n: int) -> bytes:
         """The body, or 408 when it stalls short of Content-Length (the socket's timeout)."""
         data = b""
-        try:
+        with suppress(OSError):  # the socket timed out (or the client left)
             while len(data) < n and (chunk := self.rfile.read1(n - len(data))):
                 data += chunk
-        except OSError:  # the socket timed out (or the client left)
-            pass
         if len(data) < n:
             self.close_connection = True
             raise HttpError(HTTPStatus.REQUEST_TIMEOUT, f"body: Content-Length is {n} but {len(data)} byte(s) "
@@ -265,12 +264,10 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         if n > _DRAIN_MAX:
             return
-        try:
-            left = n
+        left = n
+        with suppress(OSError):  # the client stalled (socket timeout) or left: the 413 is all it gets
             while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
                 left -= len(chunk)
-        except OSError:  # the client stalled (socket timeout) or left: the 413 is all it gets
-            pass
 
     def _send(self, status: int, body: Any, ctype: str, headers: dict[str, str] | None = None) -> None:
         if ctype == "json":
@@ -310,10 +307,8 @@ class Intake:
         return done
 
     def close(self) -> None:
-        try:
+        with suppress(queue.Full):  # a daemon thread: it ends with the process
             self.calls.put_nowait(None)
-        except queue.Full:  # a daemon thread: it ends with the process
-            pass
 
     def _work(self) -> None:
         while (item := self.calls.get()) is not None:

@@ -29,7 +29,7 @@ from orchestrator.config import Config
 from orchestrator.driver import compare, live
 from orchestrator.driver.gate import idempotency_key, new_record
 from orchestrator.driver.harness import service_harness
-from orchestrator.driver.grid_check import RequestError, check_grid  # noqa: F401 (check_grid: the queue's API too)
+from orchestrator.driver.grid_check import RequestError, check_grid
 from orchestrator.driver.provenance import archive
 from orchestrator.record import Interrupted, Record
 
@@ -80,8 +80,6 @@ class QueuedJob:
     pool: str | None = None  # any box of this pool (Ray picks); `box` is then the pool's label
     attempt: int = 1
     retry_of: str | None = None
-
-
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:

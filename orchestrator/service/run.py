@@ -27,15 +27,12 @@ from orchestrator import db
 from orchestrator.box.job import JobSpec
 from orchestrator.config import Config, ConfigError, pool_label
 from orchestrator.driver import compare, gate
-from orchestrator.driver.gate import hidden_paths
 from orchestrator.driver.harness import HarnessError, service_harness
-from orchestrator.driver.placement import CANCEL_WAIT_S, Interrupted, PlacementError, note_placement_failure, place, start_ray
+from orchestrator.driver.placement import Interrupted, PlacementError, note_placement_failure, place, start_ray
 from orchestrator.driver.provenance import ProvenanceError, archive
 from orchestrator.record import Record
 from orchestrator.service import queue as service_queue
 from orchestrator.service.queue import QueuedJob
-
-__all__ = ["CANCEL_WAIT_S", "RayHandle", "finish", "retry_orphan", "run_queued"]
 
 
 class RayHandle:
@@ -137,12 +134,7 @@ def _retry(config: Config, conn, job: QueuedJob, record: Record, arch=None) -> s
 
 def _gate_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[JobSpec, object]:
     arch = _archive(job.repo, job.rev, record.provenance.md5_driver, "head")
-    spec = JobSpec(run_id=record.run_id, sha=arch.sha, md5_driver=arch.md5, box=box_cfg,
-                   build_timeout_s=config.timeouts.build_s, lock_timeout_s=config.timeouts.lock_s,
-                   idle_wait_s=config.timeouts.idle_wait_s,
-                   work_dir=str(config.work_dir) if config.work_dir else None, grid=job.grid,
-                   hidden=hidden_paths(config))
-    return spec, arch
+    return gate.job_spec(config, record.run_id, arch, box_cfg, job.grid), arch
 
 
 def _compare_spec(config: Config, job: QueuedJob, record: Record, box_cfg) -> tuple[object, compare.Pair]:

@@ -307,10 +307,7 @@ class Scheduler:
     def tick(self) -> list[Firing]:
         """Claim and act on every firing due now; returns the firings this call recorded."""
         now = self.clock.now()
-        out: list[Firing] = []
-        for s in self.schedules:
-            out.extend(self._tick_one(s, now))
-        return out
+        return [f for s in self.schedules for f in self._tick_one(s, now)]
 
     def next_due(self) -> datetime | None:
         """The earliest upcoming firing over all schedules (the service sleeps until then)."""
@@ -320,9 +317,8 @@ class Scheduler:
         return min(times).astimezone(timezone.utc) if times else None
 
     def _tick_one(self, s: Schedule, now: datetime) -> list[Firing]:
-        claimed = self._claim(s, now)
         return [self._act(s, t) if act else Firing(s.id, t, MISSED, detail=why)
-                for t, act, why in claimed]
+                for t, act, why in self._claim(s, now)]
 
     def _claim(self, s: Schedule, now: datetime) -> list[tuple[datetime, bool, str]]:
         """Insert the rows for every firing due since the cursor and move the cursor, atomically."""
