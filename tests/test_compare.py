@@ -200,6 +200,8 @@ def test_report_command_re_renders_a_comparison_as_one(tmp_path):
     assert md.startswith("**regate compare: no regression established (claims owed)**") and base in md
     page = Path(report_cmd(record.run_id, db_path=tmp_path / "r.db", out=tmp_path / "again"))
     assert "Compare report" in page.read_text() and page.with_suffix(".md").is_file()
+    index = (page.parent / "index.html").read_text()  # with the owed ledger, as the driver writes it
+    assert "open)" in index and index == (Path(record.report_path).parent / "index.html").read_text()
     assert record.shown_state == "PASSED (compare: no regression established; some claims owed)"
 
 

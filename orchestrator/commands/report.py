@@ -60,31 +60,31 @@ def report(run_id: str, fmt: str = "html", config: Path | None = None, db_path: 
     conn, reports_dir = open_db(config, db_path)
     try:
         record = load_record(conn, run_id)
-        items = owed.list_open(conn, record.head.sha or None, as_of=_when(record), run_id=record.run_id)
-        if record.kind == "compare":  # a comparison's own page (orchestrator/report/compare.py)
-            return _compare(record, fmt, Path(out or reports_dir), conn)
         if fmt == "md":
-            return render_markdown(record, owed=items)
+            return _markdown(conn, record)
         reports_dir = Path(out or reports_dir)
-        path = render_run(record, reports_dir, owed=items)
+        if record.kind == "compare":  # a comparison's own page (orchestrator/report/compare.py)
+            from orchestrator.report import compare
+            path = compare.render(record, reports_dir)
+        else:
+            path = render_run(record, reports_dir, owed=_owed(conn, record))
         render_index(db.list_runs(conn, limit=1000), reports_dir, owed=owed.list_open(conn))
         return str(path)
     finally:
         conn.close()
 
 
-def _when(record: Record) -> str | None:
-    """The moment a re-rendered report is a snapshot of: its run's end (None for a run not ended)."""
-    return record.finished_at if isinstance(record.finished_at, str) else None
+def _owed(conn, record: Record) -> list:
+    """The open owed items of the run's head as of its end (None for a run not ended: now)."""
+    as_of = record.finished_at if isinstance(record.finished_at, str) else None
+    return owed.list_open(conn, record.head.sha or None, as_of=as_of, run_id=record.run_id)
 
 
-def _compare(record: Record, fmt: str, reports_dir: Path, conn) -> str:
-    from orchestrator.report import compare
-    if fmt == "md":
+def _markdown(conn, record: Record) -> str:
+    if record.kind == "compare":
+        from orchestrator.report import compare
         return compare.markdown(record)
-    path = compare.render(record, reports_dir)
-    render_index(db.list_runs(conn, limit=1000), reports_dir)
-    return str(path)
+    return render_markdown(record, owed=_owed(conn, record))
 
 
 def register(app: typer.Typer) -> None:
