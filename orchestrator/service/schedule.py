@@ -309,13 +309,6 @@ class Scheduler:
         now = self.clock.now()
         return [f for s in self.schedules for f in self._tick_one(s, now)]
 
-    def next_due(self) -> datetime | None:
-        """The earliest upcoming firing over all schedules (the service sleeps until then)."""
-        now = self.clock.now()
-        times = [croniter(s.cron, now.astimezone(ZoneInfo(s.timezone))).get_next(datetime)
-                 for s in self.schedules]
-        return min(times).astimezone(timezone.utc) if times else None
-
     def _tick_one(self, s: Schedule, now: datetime) -> list[Firing]:
         return [self._act(s, t) if act else Firing(s.id, t, MISSED, detail=why)
                 for t, act, why in self._claim(s, now)]
