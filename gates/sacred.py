@@ -23,8 +23,6 @@ MESSAGE = "sacred suite modified by this head"
 class SacredFinding:
     suite: str
     modified: bool
-    recorded: str  # the trusted digest
-    found: str  # the head's files' digest
     reasons: tuple[str, ...]  # why it reads as modified (empty when it does not)
 
 
@@ -74,13 +72,12 @@ def _head_manifest(head_root) -> tuple[Manifest | None, str]:
 
 def _finding(suite: Suite, trusted: Path, head_root, head_manifest: Manifest | None,
              manifest_error: str) -> SacredFinding:
-    found = suite_digest(head_root, suite)
     reasons = []
-    if found != suite.digest:
+    if suite_digest(head_root, suite) != suite.digest:
         changed = _changed_files(suite, trusted, head_root)
         reasons.append(f"files differ from the recorded digest ({', '.join(changed) or 'see digest'})")
     reasons.extend(_entry_reasons(suite, head_manifest, manifest_error))
-    return SacredFinding(suite.name, bool(reasons), suite.digest or "", found, tuple(reasons))
+    return SacredFinding(suite.name, bool(reasons), tuple(reasons))
 
 
 def _changed_files(suite: Suite, trusted: Path, head_root) -> list[str]:
@@ -98,9 +95,8 @@ def _changed_files(suite: Suite, trusted: Path, head_root) -> list[str]:
 def _entry_reasons(suite: Suite, head_manifest: Manifest | None, manifest_error: str) -> list[str]:
     if head_manifest is None:
         return [f"the head's gates.yaml does not load: {manifest_error}"]
-    try:
-        theirs = head_manifest.suite(suite.name)
-    except KeyError:
+    theirs = next((s for s in head_manifest.suites if s.name == suite.name), None)
+    if theirs is None:
         return ["the head's gates.yaml no longer lists it"]
     fields = ("selection", "sacred", "needs", "census_tests", "census_checks", "files")
     return [f"the head's gates.yaml changes {f}: {getattr(suite, f)!r} -> {getattr(theirs, f)!r}"

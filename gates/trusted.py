@@ -60,7 +60,7 @@ class GateSet:
 def gate_set(trusted: Manifest, head: Manifest, accept: bool = False) -> GateSet:
     runs, skipped, changes = [], [], []
     for mine in trusted.suites:
-        theirs = _head_entry(head, mine.name)
+        theirs = next((s for s in head.suites if s.name == mine.name), None)
         found = _changes(mine, theirs)
         changes += found
         if theirs is None and accept:
@@ -72,13 +72,6 @@ def gate_set(trusted: Manifest, head: Manifest, accept: bool = False) -> GateSet
     runs += [s for s in head.suites if s.name not in trusted.names()]
     mutations = "on_gate" if "on_gate" in (trusted.mutations, head.mutations) else "off"
     return GateSet(tuple(runs), tuple(skipped), mutations, tuple(changes), accept)
-
-
-def _head_entry(head: Manifest, name: str) -> Suite | None:
-    try:
-        return head.suite(name)
-    except KeyError:
-        return None
 
 
 def _changes(mine: Suite, theirs: Suite | None) -> list[SuiteChange]:

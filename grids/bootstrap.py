@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 # A 95% interval: 2.5% in each tail, as the integer fraction 1/40.
@@ -69,11 +70,7 @@ def median_distribution(legs: Sequence[float]) -> dict[float, int]:
 
 def median_distribution_reference(legs: Sequence[float]) -> dict[float, int]:
     """List every one of the n**n resamples and take its median."""
-    counts: dict[float, int] = {}
-    for resample in itertools.product(legs, repeat=len(legs)):
-        value = statistics.median(resample)
-        counts[value] = counts.get(value, 0) + 1
-    return counts
+    return Counter(statistics.median(resample) for resample in itertools.product(legs, repeat=len(legs)))
 
 
 def ratio_interval(num: Sequence[float], den: Sequence[float]) -> tuple[float, float]:

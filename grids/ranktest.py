@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 
@@ -57,10 +58,7 @@ def p_greater(a: Sequence[float], b: Sequence[float]) -> float:
 
 def _tie_groups(ranks: list[int]) -> list[tuple[int, int]]:
     """(doubled midrank, number of legs sharing it) for each tie group."""
-    counts: dict[int, int] = {}
-    for r in ranks:
-        counts[r] = counts.get(r, 0) + 1
-    return sorted(counts.items())
+    return sorted(Counter(ranks).items())
 
 
 def p_greater_reference(a: Sequence[float], b: Sequence[float]) -> float:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 ARMS = ("base", "head")
 REGRESSION = "regression"
-OUTCOMES = (REGRESSION, "slower within tolerance", "slower, magnitude owed", "slower, indicated", "faster",
-            "faster, indicated", "no direction")
 ESTABLISHED = (REGRESSION, "slower within tolerance", "faster")
 
 

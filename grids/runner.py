@@ -147,9 +147,7 @@ def matches(reported: Any, text: str) -> bool:
     return text.strip() == str(reported)
 
 
-def _tail(text: str | bytes | None) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
+def _tail(text: str) -> str:
     return (text or "")[-STDERR_TAIL:] or "(empty)"
 
 

@@ -153,12 +153,6 @@ class GridSpec:
         return dataclasses.replace(self, arms=arms)
 
 
-def _flag(value, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(f"{where}: expected true or false, found {value!r}")
-    return value
-
-
 def load_spec(path: str | Path) -> GridSpec:
     path = Path(path)
     try:
@@ -204,7 +198,9 @@ def parse_spec(data: Any, source: str = "<dict>") -> GridSpec:
     backend = where.choice(top.get("backend", "cpu"), "backend", BACKENDS)
     defaults = where.mapping(top.get("checkpoint", {}), "checkpoint", _checkpoint_keys())
     legs = where.count(top.get("legs", 3), "legs", 1, LIMITS["legs"])
-    until_binding = _flag(top.get("until_binding", False), f"{source}: until_binding")
+    until_binding = top.get("until_binding", False)
+    if not isinstance(until_binding, bool):
+        raise where.fail("until_binding", "true or false", until_binding)
     if until_binding and legs < MIN_CLAIM_LEGS:
         raise SpecError(f"{source}: legs: {legs} legs per arm cannot establish a claim (at least "
                         f"{MIN_CLAIM_LEGS} needed); until_binding: true refuses it")

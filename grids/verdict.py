@@ -94,10 +94,6 @@ def _order(arms: dict[str, list[float]]) -> tuple[str | None, str | None]:
     return (a, b) if key_a > key_b else (b, a)
 
 
-def _separated(winner: list[float], loser: list[float]) -> bool:
-    return min(winner) > max(loser)
-
-
 def _direction(arms: dict[str, list[float]], winner: str | None, loser: str | None, rule: str,
                alpha: float) -> dict:
     if winner is None:
@@ -106,7 +102,7 @@ def _direction(arms: dict[str, list[float]], winner: str | None, loser: str | No
                 "reasons": ["the arms tie: no winner"]}
     xw, xl = arms[winner], arms[loser]
     p = p_greater(xw, xl)
-    ahead = _separated(xw, xl)
+    ahead = min(xw) > max(xl)  # ahead in every leg
     if rule == "every-leg":
         state = "established" if ahead else "none"
     else:

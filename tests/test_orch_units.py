@@ -25,7 +25,7 @@ from orchestrator.box.lock import LockTimeout, box_lock  # noqa: E402
 from orchestrator.box.tree import Tree  # noqa: E402
 from orchestrator.driver.provenance import ProvenanceError, archive, resolve  # noqa: E402
 from orchestrator.tarball import md5_of, read_member, unpack  # noqa: E402
-from orchestrator.box.suites import judge, parse_junit, run_suite  # noqa: E402
+from orchestrator.box.suites import judge_run as judge, parse_junit, run_suite  # noqa: E402
 
 
 # ---- config ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator.box.build_cache import BuildCacheError, build_key, evict, open_build_dir
-from orchestrator.box.tree import Tree
+from orchestrator.box.tree import Tree, last_lines
 
 _MARKER = re.compile(r"^\s*(?P<line>[^:\n]+: (?:ENABLED|DISABLED)\b.*?)\s*$", re.MULTILINE)
 
@@ -37,15 +37,14 @@ def build(tree: Tree, required: tuple[str, ...], timeout_s: float) -> dict:
     res = tree.run(tree.engine("build"), timeout_s)
     out = res.output
     if res.timed_out:
-        raise BuildError(f"build timed out after {timeout_s:.0f} s (process group killed):\n{_tail(out)}")
+        raise BuildError(f"build timed out after {timeout_s:.0f} s (process group killed):\n{last_lines(out, 30)}")
     if res.cancelled:
         raise BuildError("build cancelled")
     if res.returncode != 0:
-        raise BuildError(f"build failed (exit {res.returncode}) running `python -m engine.cli build`:\n{_tail(out)}")
+        raise BuildError(f"build failed (exit {res.returncode}) running `python -m engine.cli build`:\n{last_lines(out, 30)}")
     markers = markers_in(out)
-    part = {"markers": markers, "required": list(required), "missing": missing_markers(markers, required),
-            "duration_s": round(time.monotonic() - start, 3), "output_tail": _tail(out)}
-    return part
+    return {"markers": markers, "required": list(required), "missing": missing_markers(markers, required),
+            "duration_s": round(time.monotonic() - start, 3), "output_tail": last_lines(out, 30)}
 
 
 def build_cached(tree: Tree, cache: str, gpus: str | None, required: tuple[str, ...], timeout_s: float,
@@ -75,7 +74,3 @@ def release_build_dirs(tree: Tree) -> None:
     for build_dir in tree.build_dirs.values():
         build_dir.release()
     tree.build_dirs.clear()
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.splitlines()[-lines:])

@@ -21,6 +21,7 @@ build's and is removed.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -59,10 +60,8 @@ class BuildDir:
         return {"key": self.key, "dir": str(self.path), "warm": self.warm}
 
     def release(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)  # the keeper's copy, if any, keeps it until the run's processes are gone
-        except OSError:
-            pass
 
 
 def build_key(tree: Path, gpus: str | None) -> str:
@@ -135,11 +134,9 @@ def _flock(fd: int, where: Path, timeout_s: float, cancelled, on_wait) -> None:
     start = time.monotonic()
     told = False
     while True:
-        try:
+        with contextlib.suppress(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
-        except BlockingIOError:
-            pass
         if time.monotonic() - start > timeout_s:
             raise BuildCacheError(f"build cache lock {where}: still held by another build after {timeout_s:g} s")
         if cancelled():

@@ -58,10 +58,6 @@ class CompareSpec:
     kind: str = "compare"
     hidden: tuple[str, ...] = ()  # paths of this machine a head's processes must not see (the state dir)
 
-    def box_job(self, identity: dict, fetch: Fetch, emit: Emit, cancelled: Callable[[], bool]) -> BoxResult:
-        """What `driver/placement.py` runs on the box for this spec."""
-        return run_compare_job(self, identity, fetch, emit, cancelled)
-
     def sha(self, side: str) -> str:
         return self.base_sha if side == "base" else self.head_sha
 
@@ -133,8 +129,8 @@ def _under_lock(spec: CompareSpec, trees: dict[str, Tree], emit: Emit, parts: Bo
                 parts.build = side_part.build
         parts.timings["build_s"] = round(time.monotonic() - t, 3)
         for side in SIDES:
-            prove_markers(trees[side], getattr(parts.compare, side).build, emit, f"{side} {spec.sha(side)[:12]}",
-                          parts.timings)
+            prove_markers(trees[side], getattr(parts.compare, side).build, emit, parts.timings,
+                          f"{side} {spec.sha(side)[:12]}")
         t = time.monotonic()
         parts.grid = run_compare_grid(spec, trees, emit)
         parts.timings["grid_s"] = round(time.monotonic() - t, 3)

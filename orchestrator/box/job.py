@@ -169,7 +169,7 @@ def held_idle_box(spec, tree: Tree, emit: Emit, parts: BoxResult):
         yield
 
 
-def prove_markers(tree: Tree, build_part: Build, emit: Emit, what: str = "build", timings: dict | None = None) -> None:
+def prove_markers(tree: Tree, build_part: Build, emit: Emit, timings: dict, what: str = "build") -> None:
     """The required markers that need proof (the packed GEMM's) proven by the harness's own probe on
     the box's GPU (`marker_proof.py`), under the lock; JobError (a degraded build) when one is not."""
     todo = [m for m in build_part.required if needs_proof(m) and m not in build_part.missing]
@@ -178,8 +178,7 @@ def prove_markers(tree: Tree, build_part: Build, emit: Emit, what: str = "build"
     emit({"event": "step", "step": f"{what}: marker proof", "status": "start", "detail": "; ".join(todo)})
     t = time.monotonic()
     verdict = prove(tree)
-    if timings is not None:
-        timings["proof_s"] = round(timings.get("proof_s", 0.0) + time.monotonic() - t, 3)
+    timings["proof_s"] = round(timings.get("proof_s", 0.0) + time.monotonic() - t, 3)
     build_part.proof = {m: verdict for m in todo}
     emit({"event": "step", "step": f"{what}: marker proof", "status": "done" if verdict.get("proven") else "failed",
           "detail": verdict.get("why") or "; ".join(verdict.get("ran", []))})
@@ -220,7 +219,7 @@ def _dir_state(cache: dict) -> str:
 def _under_lock(spec, tree: Tree, gates: GateSet, emit, parts: BoxResult, has_gpu, judge: Judge) -> None:
     with held_idle_box(spec, tree, emit, parts):
         build_step(spec, tree, emit, parts, keep=lambda b: setattr(parts, "build", b))
-        prove_markers(tree, parts.build, emit, timings=parts.timings)
+        prove_markers(tree, parts.build, emit, parts.timings)
         parts.residency = _residency(spec, tree, emit, parts)
         t = time.monotonic()
         parts.suites = _suites(tree, gates, emit, parts, has_gpu, judge)

@@ -41,10 +41,9 @@ class JudgeError(Exception):
 class Judge:
     root: Path
     # Held in the harness's memory, never in `root` (a head's process can write there): each file's
-    # digest, checked before every overlay, and the judge files the trusted tree lacks. Both empty for a
-    # Judge(root) made by hand: every file under root is a judge file, unchecked.
-    sums: tuple[tuple[str, str], ...] = ()
-    absent: tuple[str, ...] = ()
+    # digest, checked before every overlay, and the judge files the trusted tree lacks.
+    sums: tuple[tuple[str, str], ...]
+    absent: tuple[str, ...]
 
     @classmethod
     def make(cls, trusted_root: Path, dest: Path) -> "Judge":
@@ -76,9 +75,9 @@ class Judge:
         """Write every judge file over `tree_root` (replacing a file, a symlink or a directory in the way,
         and what would shadow it on import); remove those the trusted tree lacks."""
         tree_root = Path(tree_root)
-        for rel, digest in self.sums or self._unchecked():
+        for rel, digest in self.sums:
             data = (self.root / rel).read_bytes()
-            if digest is not None and _sha256(data) != digest:
+            if _sha256(data) != digest:
                 raise JudgeError(f"judge file {self.root / rel} changed since the judge was made "
                                  "(by a head's process?); refusing to judge with it")
             _place(tree_root, rel, data)
@@ -86,9 +85,6 @@ class Judge:
             dst = _real_dir(tree_root, Path(rel).parent) / Path(rel).name
             _clear_shadows(dst)
             _remove(dst)
-
-    def _unchecked(self) -> list[tuple[str, None]]:
-        return [(p.relative_to(self.root).as_posix(), None) for p in sorted(self.root.rglob("*")) if p.is_file()]
 
 
 def judge_files(trusted_root: Path) -> tuple[str, ...]:
@@ -136,11 +132,9 @@ def _clear_shadows(dst: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    elif path.exists():  # a fifo, a socket
+    elif path.is_symlink() or path.exists():  # a file, a link (dangling too), a fifo, a socket
         path.unlink()
 
 

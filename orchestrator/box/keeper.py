@@ -14,6 +14,7 @@ keeper must outlive exactly that. Then it serves the job over the socket FD:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,11 +32,9 @@ def members(token: str) -> list[psutil.Process]:
     """The live processes of the run: those whose environment carries its token (zombies are dead)."""
     found = []
     for p in psutil.process_iter():
-        try:
+        with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile, or not ours to read
             if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_ENV) == token:
                 found.append(p)
-        except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
-            continue
     return found
 
 
@@ -43,10 +42,8 @@ def reap(token: str) -> None:
     """SIGKILL the run's processes until none is left (a process forked meanwhile is found next round)."""
     while alive := members(token):
         for p in alive:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
         time.sleep(POLL_S)
 
 

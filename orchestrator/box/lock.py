@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -41,11 +41,9 @@ def box_lock(path: str, timeout_s: float, on_wait: Callable[[str], None] | None 
     start = time.monotonic()
     told = False
     while True:
-        try:
+        with suppress(Timeout):
             lock.acquire(timeout=0 if not told else min(WAIT_STEP_S, max(0.0, timeout_s)), poll_interval=POLL_S)
             break
-        except Timeout:
-            pass
         if time.monotonic() - start > timeout_s or (cancelled is not None and cancelled()):
             raise LockTimeout(f"box lock {real}: still held by another process after {timeout_s:g} s")
         if not told and on_wait is not None:

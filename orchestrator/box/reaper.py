@@ -15,6 +15,7 @@ usable (`isolation: reaper`) and run by path as root: it imports only the standa
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -61,10 +62,8 @@ def kill_all() -> None:
     me = os.getpid()
     while True:
         for pid in descendants(me):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass

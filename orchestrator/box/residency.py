@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from orchestrator.box.grid import GridJobError, spec_path
-from orchestrator.box.tree import Tree, TreeRunError
+from orchestrator.box.tree import Tree, TreeRunError, last_lines
 
 ARMS = ("packed", "dequant")
 TINY = {"preset": "tiny", "naming": "modelopt", "head": "nvfp4", "seed": 0}
@@ -90,8 +90,5 @@ def parse_info(output: str) -> dict:
             weights = (report.get("residency") or {}).get("weights") if isinstance(report, dict) else None
             if isinstance(weights, list):
                 return report
-    raise ResidencyError(f"engine info printed no JSON line with residency.weights; its output ends:\n{_tail(output)}")
-
-
-def _tail(text: str, lines: int = 12) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:]) or "(no output)"
+    ends = last_lines(output.strip(), 12) or "(no output)"
+    raise ResidencyError(f"engine info printed no JSON line with residency.weights; its output ends:\n{ends}")

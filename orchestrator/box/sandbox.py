@@ -17,6 +17,7 @@ kinds, strongest first (`isolation:` in the box's config picks one, `auto` the s
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
@@ -221,10 +222,8 @@ def chown_tree(top: str, uid: int, gid: int) -> None:
     os.chown(top, uid, gid)
     for _, dirs, files, dir_fd in os.fwalk(top, follow_symlinks=False):
         for name in (*dirs, *files):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 if (st.st_uid, st.st_gid) == (uid, gid) or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
                     continue
                 os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:  # removed meanwhile
-                continue

@@ -30,7 +30,7 @@ from typing import Callable
 from gates.census import ENV_FD, ENV_NONCE, census_verdict
 from gates.manifest import Suite
 from orchestrator.box.judge import Judge
-from orchestrator.box.tree import Result, Tree
+from orchestrator.box.tree import Result, Tree, last_lines
 from orchestrator.record import Suite as SuiteResult
 
 NO_GPU = "no CUDA gate was run: this box has no GPU"
@@ -211,20 +211,17 @@ def judge_run(suite: Suite, returncode, timed_out: bool, cancelled: bool, junit:
     if timed_out or cancelled:
         what = f"timed out after {suite.timeout_s:.0f} s" if timed_out else "cancelled"
         return part | {"state": "TIMEOUT" if timed_out else "RED",
-                       "reasons": [f"{what}; its process group was killed"], "output_tail": _tail(output)}
+                       "reasons": [f"{what}; its process group was killed"], "output_tail": last_lines(output, 40)}
     if census is None:
         why = census_error or f"the suite exited before its final census report (pytest exited {returncode})"
-        return part | {"state": "RED", "reasons": [why], "output_tail": _tail(output)}
+        return part | {"state": "RED", "reasons": [why], "output_tail": last_lines(output, 40)}
     state, reasons = census_verdict(census, suite.census_tests, suite.census_checks)
     if returncode != 0 and state == "GREEN":
         state, reasons = "RED", [f"pytest exited {returncode}"]
     part |= {"state": state, "reasons": reasons}
     if state != "GREEN":
-        part["output_tail"] = _tail(output)
+        part["output_tail"] = last_lines(output, 40)
     return part
-
-
-judge = judge_run  # its name before run_suite took a `judge` argument
 
 
 def _census_failures(census: dict | None) -> list[dict]:
@@ -256,7 +253,3 @@ def parse_junit(path: Path) -> dict:
     passed = total - failed - errors - skipped
     return {"total": total, "passed": passed, "failed": failed, "errors": errors,
             "skipped": skipped, "failures": failures}
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])

@@ -20,6 +20,7 @@ jailed: it is the harness's own, trusted code.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -83,6 +84,10 @@ def allowed_env(environ: dict[str, str]) -> dict[str, str]:
             and (k in ENV_NAMES or k.startswith(ENV_PREFIXES))}
 
 
+def last_lines(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
 class TreeRunError(Exception):
     """A command of the tree failed, timed out, was cancelled or printed no JSON line; says which."""
 
@@ -97,7 +102,7 @@ class Result:
     duration_s: float
 
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.output.strip().splitlines()[-lines:]) or "(no output)"
+        return last_lines(self.output.strip(), lines) or "(no output)"
 
 
 class Tree:
@@ -291,12 +296,8 @@ def kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         proc.wait()
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
