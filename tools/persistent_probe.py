@@ -11,7 +11,8 @@ and one JSON line:
 
 `over_floor_us_per_boundary`: the variant's time less the bytes' time at the read rate of one long
 stream (`read_GBps`, one phase_kernel launch over a single buffer of --floor-gb), over the boundaries
-(phases - 1). The engine's layer today is the `kernels` row's shape: a launch a GEMM, under PDL.
+(phases - 1). The engine's layer today is the `kernels+early` row's shape: a launch a GEMM, under PDL,
+its first loads issued before the wait. `persistent+early`: the same loads issued before each barrier.
 """
 from __future__ import annotations
 
@@ -64,15 +65,18 @@ class Variants:
         self.ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
         self.n16 = torch.tensor([b.numel() * b.element_size() // 16 for b in bufs], dtype=torch.int64, device="cuda")
 
-    def kernels(self):
-        self.out.zero_()
-        for p, b in enumerate(self.bufs):
-            self.ext.launch_phase(b, self.out, p, SEED, self.ctas, self.threads)
-
-    def persistent(self, prefetch_bytes: int):
+    def kernels(self, early: int):
         def run():
             self.out.zero_()
-            self.ext.launch_persistent(self.ptrs, self.n16, self.out, SEED, prefetch_bytes, self.ctas, self.threads)
+            for p, b in enumerate(self.bufs):
+                self.ext.launch_phase(b, self.out, p, SEED, early, self.ctas, self.threads)
+        return run
+
+    def persistent(self, prefetch_bytes: int, early: int):
+        def run():
+            self.out.zero_()
+            self.ext.launch_persistent(self.ptrs, self.n16, self.out, SEED, prefetch_bytes, early, self.ctas,
+                                       self.threads)
         return run
 
 
@@ -107,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=512)
     ap.add_argument("--per-sm", type=int, default=2, help="CTAs an SM (every variant; all resident at once)")
     ap.add_argument("--prefetch-kb", default="64,256", help="L2 prefetch a CTA before each barrier, KiB, comma-separated")
+    ap.add_argument("--early", type=int, default=4, help="16-byte loads a thread issued before each wait (0 to 4)")
     ap.add_argument("--floor-gb", type=float, default=2.0)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -117,8 +122,9 @@ def main(argv=None) -> int:
             for n, k in shapes]
     total = sum(b.numel() * 4 for b in bufs)
     v = Variants(ext, bufs, a.threads, a.per_sm)
-    runs = {"kernels": graphed(v.kernels), "persistent": v.persistent(0)}
-    runs.update({f"persistent+prefetch{kb}K": v.persistent(int(kb) * 1024) for kb in a.prefetch_kb.split(",") if kb})
+    runs = {"kernels": graphed(v.kernels(0)), f"kernels+early{a.early}": graphed(v.kernels(a.early)),
+            "persistent": v.persistent(0, 0), f"persistent+early{a.early}": v.persistent(0, a.early)}
+    runs.update({f"persistent+prefetch{kb}K": v.persistent(int(kb) * 1024, 0) for kb in a.prefetch_kb.split(",") if kb})
     want = reference(bufs)
     for name, fn in runs.items():
         fn()
@@ -129,7 +135,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"persistent_probe: {name}: phase {bad} = {got[bad]:#x}, expected {want[bad]:#x}")
     one = torch.randint(-2**31, 2**31 - 1, (int(a.floor_gb * 1e9) // 16 * 4,), dtype=torch.int32, device="cuda")
     floor_out = torch.zeros(1, dtype=torch.int32, device="cuda")
-    floor_ms = time_ms(graphed(lambda: ext.launch_phase(one, floor_out, 0, SEED, v.ctas, a.threads)), a.iters)
+    floor_ms = time_ms(graphed(lambda: ext.launch_phase(one, floor_out, 0, SEED, 0, v.ctas, a.threads)), a.iters)
     read_gbps = one.numel() * 4 / floor_ms / 1e6
     ms = {name: [] for name in runs}
     for _ in range(a.rounds):
